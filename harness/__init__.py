@@ -1,0 +1,3 @@
+"""The harness: CLI, run orchestration, configuration, results store and leaderboard."""
+
+__version__ = "0.1.0"

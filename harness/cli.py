@@ -1,0 +1,169 @@
+"""The `harness` command line: list, run, leaderboard."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark and evaluate sequence mixers.")
+console = Console()
+err_console = Console(stderr=True)
+
+# Hugging Face libraries stay offline unless the user says otherwise.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def fail(message: str, code: int = 2) -> "typer.Exit":
+    err_console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+@app.command("list")
+def list_cmd() -> None:
+    """Mixers, tasks and backends, and whether each backend can run here."""
+    import torch
+
+    from kernels import backend_status
+    from kernels.common.dispatch import ALL_BACKENDS
+    from mixers import get_mixer, mixer_names
+    from tasks import get_task, task_names
+
+    mixers = Table(title="Mixers")
+    for col in ("name", "op", "options"):
+        mixers.add_column(col)
+    for name in mixer_names():
+        cls = get_mixer(name)
+        mixers.add_row(name, cls.op_name, ", ".join(cls.Config.model_fields))
+    console.print(mixers)
+
+    tasks = Table(title="Tasks")
+    for col in ("name", "presets", "description"):
+        tasks.add_column(col)
+    for name in task_names():
+        cls = get_task(name)
+        tasks.add_row(name, ", ".join(cls.presets), cls.description)
+    console.print(tasks)
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    backends = Table(title="Backends")
+    backends.add_column("backend")
+    for d in devices:
+        backends.add_column(f"on {d}")
+    for b in (*ALL_BACKENDS, "fla"):
+        cells = []
+        for d in devices:
+            st = backend_status(b, d)
+            cells.append(("[green]yes[/] " if st.usable else "[red]no[/] ") + st.reason)
+        backends.add_row(b, *cells)
+    console.print(backends)
+    if not torch.cuda.is_available():
+        console.print("[dim]No CUDA device here: the triton backend runs only under TRITON_INTERPRET=1 (tests).[/]")
+
+
+def _progress() -> Progress:
+    return Progress(
+        SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
+        MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+    )
+
+
+@app.command("run")
+def run_cmd(
+    mixer: str = typer.Option(..., "--mixer", "-m", help="mixer name(s), comma-separated"),
+    task: str = typer.Option(..., "--task", "-t", help="task name"),
+    device: str = typer.Option("auto", help="auto, cpu or cuda"),
+    seed: int = typer.Option(0, help="random seed"),
+    preset: str = typer.Option("default", help="named preset of the task"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a config key: key=value (dotted keys)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file of config overrides"),
+    results: Path = typer.Option(Path("results"), "--results", help="results directory"),
+    no_wandb: bool = typer.Option(False, "--no-wandb", help="do not log to wandb"),
+) -> None:
+    """Run a task for one or more mixers; writes one record per (mixer, task)."""
+    from harness.config import ConfigError, resolve_config, validate_mixer_options
+    from harness.runner import DeviceError, RunSpec, execute, resolve_device
+    from harness.tracking import Tracker
+    from mixers import UnknownMixerError, get_mixer
+    from tasks import UnknownTaskError, get_task
+
+    names = [m.strip() for m in mixer.split(",") if m.strip()]
+    if not names:
+        raise fail("--mixer is empty; give one or more mixer names, comma-separated")
+    try:
+        task_cls = get_task(task)
+        for name in names:
+            get_mixer(name)
+        dev = resolve_device(device)
+        cfg = resolve_config(task_cls, preset, config, set_ or [])
+        for name in names:
+            validate_mixer_options(name, cfg)
+    except (UnknownMixerError, UnknownTaskError, DeviceError, ConfigError) as e:
+        raise fail(str(e)) from None
+
+    tracker = Tracker(enabled=not no_wandb)
+    rows, failed = [], 0
+    with _progress() as progress:
+        overall = progress.add_task(f"{task} ({preset}) on {dev}", total=len(names))
+        for name in names:
+            progress.update(overall, description=f"{task} · {name} ({preset}) on {dev}")
+            record, path = execute(RunSpec(name, task_cls, preset, cfg, dev, seed), results, tracker, progress)
+            rows.append((record, path))
+            failed += record.status != "ok"
+            progress.advance(overall)
+    _print_results(rows, task_cls)
+    if failed:
+        raise fail(f"{failed} of {len(rows)} run(s) failed; see the records above", code=1)
+
+
+def _print_results(rows, task_cls) -> None:
+    table = Table(title="Runs")
+    shown = [task_cls.primary_metric, *task_cls.shown_metrics]
+    for col in ("mixer", "status", *shown, "backend", "time (s)", "record"):
+        table.add_column(col)
+    for rec, path in rows:
+        values = [f"{rec.metrics[m]:.4g}" if m in rec.metrics else "–" for m in shown]
+        status = "[green]ok[/]" if rec.status == "ok" else "[red]failed[/]"
+        table.add_row(rec.mixer, status, *values, rec.backend or "–", f"{rec.duration_s:.1f}", str(path))
+    console.print(table)
+    for rec, _ in rows:
+        if rec.status != "ok":
+            err_console.print(f"[red]{rec.mixer}:[/] {rec.error}")
+
+
+@app.command("leaderboard")
+def leaderboard_cmd(
+    results: Path = typer.Option(Path("results"), "--results", help="results directory"),
+) -> None:
+    """Tables of the best run per mixer and task setting, from the records; writes LEADERBOARD.md."""
+    from harness.leaderboard import build_boards, to_markdown
+
+    boards, count = build_boards(results)
+    for b in boards:
+        table = Table(title=b.title)
+        for col in ("mixer", *b.columns, "backend", "runs", "config"):
+            table.add_column(col)
+        for row in b.rows:
+            table.add_row(row["mixer"], *(f"{row[c]:.4g}" if isinstance(row[c], float) else "–" for c in b.columns),
+                          row["backend"] or "–", str(row["runs"]), row["config"])
+        console.print(table)
+    out = Path(results) / "LEADERBOARD.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".md.tmp")
+    tmp.write_text(to_markdown(boards, count, results))
+    os.replace(tmp, out)
+    console.print(f"{len(boards)} table(s) from {count} record(s); written to {out}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

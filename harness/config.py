@@ -1,0 +1,150 @@
+"""Resolve a task's configuration: preset, then a config file, then `--set key=value`.
+
+Every key is checked against the task's pydantic Config, so an unknown key or a value of
+the wrong type is an error that names the key and what is valid, before anything runs."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from mixers import get_mixer
+from tasks.base import Task
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be resolved; the message says what and what is valid."""
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """A new dict: `over` merged into `base`, recursing into nested dicts."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted keys of a pydantic model; nested models are expanded, dict fields end in '.*'."""
+    keys = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += valid_keys(ann, f"{prefix}{name}.")
+        elif getattr(ann, "__origin__", None) is dict:
+            keys.append(f"{prefix}{name}.*")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def parse_value(text: str) -> Any:
+    """A --set value: YAML scalars, lists and mappings ('3', '1e-3', 'true', '[64, 128]')."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_set(data: dict[str, Any], key: str, value: Any, model: type[BaseModel]) -> None:
+    """Set dotted `key` in `data`, refusing keys that `model` does not have."""
+    parts = key.split(".")
+    current_model: type[BaseModel] | None = model
+    node = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if current_model is not None:
+            if part not in current_model.model_fields:
+                raise ConfigError(f"unknown key {key!r}; valid keys: {', '.join(valid_keys(model))}")
+            ann = current_model.model_fields[part].annotation
+            nested = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            is_dict = getattr(ann, "__origin__", None) is dict
+            if not last and nested is None and not is_dict:
+                raise ConfigError(f"key {key!r}: {'.'.join(parts[: i + 1])} is a value, not a group")
+            current_model = nested
+        if last:
+            node[part] = value
+        else:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """A YAML or JSON mapping of config overrides."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML/JSON: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def _format_validation(error: ValidationError, task: str) -> str:
+    lines = []
+    for err in error.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(config)"
+        lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+    return f"invalid config for task {task!r}: " + "; ".join(lines)
+
+
+def resolve_config(
+    task: type[Task], preset: str, config_file: Path | None = None, sets: list[str] | None = None
+) -> BaseModel:
+    """Preset, then file, then --set overrides, validated by the task's Config."""
+    if preset not in task.presets:
+        raise ConfigError(f"unknown preset {preset!r} for task {task.name!r}; valid presets: {', '.join(task.presets)}")
+    data = copy.deepcopy(task.presets[preset])
+    if config_file is not None:
+        override = load_config_file(config_file)
+        for key in override:
+            if key not in task.Config.model_fields:
+                raise ConfigError(
+                    f"unknown key {key!r} in {config_file}; valid keys: {', '.join(valid_keys(task.Config))}"
+                )
+        data = deep_merge(data, override)
+    for item in sets or []:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, text = item.split("=", 1)
+        apply_set(data, key.strip(), parse_value(text.strip()), task.Config)
+    try:
+        return task.Config(**data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, task.name)) from None
+    except ValueError as e:  # a model_validator's own check
+        raise ConfigError(f"invalid config for task {task.name!r}: {e}") from None
+
+
+def validate_mixer_options(mixer: str, config: BaseModel) -> None:
+    """Check config.model.mixer (if the task has one) against the mixer's own Config."""
+    model = getattr(config, "model", None)
+    options = getattr(model, "mixer", None)
+    if options is None:
+        return
+    try:
+        get_mixer(mixer).Config(**options)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, f"mixer {mixer}").replace("task ", "", 1)) from None
+
+
+def config_hash(mixer: str, task: str, config: dict[str, Any], seed: int) -> str:
+    """A stable hash of everything that defines a run."""
+    blob = json.dumps({"mixer": mixer, "task": task, "config": config, "seed": seed}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

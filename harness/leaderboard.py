@@ -1,0 +1,142 @@
+"""Leaderboard tables derived only from run records: the best run per mixer within each
+task setting (same task, preset, device and setting fields), with the config that got it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.records import RunRecord, load_records
+from tasks.base import Task
+from tasks.registry import UnknownTaskError, get_task
+
+
+@dataclass
+class Board:
+    """One table: a task setting and its best run per mixer."""
+
+    task: str
+    preset: str
+    device: str
+    setting: str
+    metric: str
+    higher_is_better: bool
+    columns: list[str]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"{self.task} · preset {self.preset} · {self.device} · setting {self.setting}"
+
+
+def _task_meta(name: str) -> type[Task]:
+    try:
+        return get_task(name)
+    except UnknownTaskError:
+        return Task  # a task no longer registered: default ranking
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _config_summary(record: RunRecord, task: type[Task]) -> str:
+    """The tuned part of the config: fields that differ from the preset's resolved defaults."""
+    flat = _flatten({k: v for k, v in record.config.items() if k not in task.setting_fields})
+    try:
+        base = task.Config(**task.presets.get(record.preset, {})).model_dump(mode="json")
+        base_flat = _flatten({k: v for k, v in base.items() if k not in task.setting_fields})
+    except Exception:  # noqa: BLE001 - an old record of a changed task: show everything
+        base_flat = {}
+    diff = {k: v for k, v in flat.items() if base_flat.get(k, object()) != v}
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(diff.items())) or "preset"
+
+
+def build_boards(results: Path) -> tuple[list[Board], int]:
+    """Boards from every ok record under `results`; also returns the number of records read."""
+    groups: dict[tuple, list[tuple[Path, RunRecord]]] = defaultdict(list)
+    count = 0
+    for path, rec in load_records(results):
+        count += 1
+        if rec.status != "ok":
+            continue
+        task = _task_meta(rec.task)
+        setting = {k: rec.config.get(k) for k in task.setting_fields}
+        skey = hashlib.sha256(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        groups[(rec.task, rec.preset, rec.device, skey)].append((path, rec))
+    boards = []
+    for (task_name, preset, device, skey), items in sorted(groups.items()):
+        task = _task_meta(task_name)
+        metric = task.primary_metric
+        best: dict[str, tuple[Path, RunRecord]] = {}
+        for path, rec in items:
+            if metric not in rec.metrics:
+                continue
+            cur = best.get(rec.mixer)
+            better = cur is None or (
+                rec.metrics[metric] > cur[1].metrics[metric]
+                if task.higher_is_better
+                else rec.metrics[metric] < cur[1].metrics[metric]
+            )
+            if better:
+                best[rec.mixer] = (path, rec)
+        if not best:
+            continue
+        shown = [m for m in task.shown_metrics]
+        extra = sorted({m for _, r in best.values() for m in r.metrics if m.startswith(f"{metric}_")})
+        columns = [metric, *extra, *shown]
+        board = Board(task_name, preset, device, skey, metric, task.higher_is_better, columns)
+        ranked = sorted(best.values(), key=lambda pr: pr[1].metrics[metric], reverse=task.higher_is_better)
+        for path, rec in ranked:
+            board.rows.append({
+                "mixer": rec.mixer, **{c: rec.metrics.get(c) for c in columns}, "backend": rec.backend,
+                "config": _config_summary(rec, task), "runs": sum(1 for _, r in items if r.mixer == rec.mixer),
+                "record": str(path.relative_to(results)), "commit": (rec.git_commit or "")[:10],
+            })
+        boards.append(board)
+    return boards, count
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def to_markdown(boards: list[Board], count: int, results: Path) -> str:
+    lines = [
+        "# Leaderboard",
+        "",
+        f"Derived only from the {count} run records under `{results}/runs` (`harness leaderboard` rebuilds it).",
+        "Each table is one task setting on one device; a row is the best run of a mixer there,",
+        "ranked by the first metric, with the config that got it (what differs from the preset).",
+        "",
+    ]
+    for b in boards:
+        arrow = "higher is better" if b.higher_is_better else "lower is better"
+        lines += [f"## {b.title}", "", f"Ranked by `{b.metric}` ({arrow}).", ""]
+        header = ["mixer", *b.columns, "backend", "runs", "config", "record"]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+        for row in b.rows:
+            cells = [row["mixer"], *(_fmt(row[c]) for c in b.columns), row["backend"] or "–", str(row["runs"]),
+                     row["config"], f"[json](runs/{row['record'].removeprefix('runs/')})"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if not boards:
+        lines.append("No successful runs yet: `harness run --mixer softmax,linear --task mqar` makes some.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,97 @@
+"""Run records (DESIGN §6): one self-contained JSON file per run, written atomically.
+
+Layout: <results>/runs/<task>/<run_id>.json, with any artifacts (plots) of the run in
+<results>/runs/<task>/<run_id>/. A record is written to a temporary file in the same
+folder, flushed to disk and renamed into place, so a reader never sees half a record and
+concurrent runs never clobber each other (run ids are unique)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA = "harness.run/1"
+
+
+class RunRecord(BaseModel):
+    """The run record. `metrics` are flat name -> number; `details` holds structured results."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_: str = Field(SCHEMA, alias="schema")
+    run_id: str
+    config_hash: str
+    mixer: str
+    task: str
+    preset: str
+    config: dict[str, Any]
+    metrics: dict[str, float] = Field(default_factory=dict)
+    details: dict[str, Any] = Field(default_factory=dict)
+    artifacts: list[str] = Field(default_factory=list)
+    backend: str | None
+    device: str
+    versions: dict[str, str | None]
+    git_commit: str | None
+    seed: int
+    started: str
+    finished: str
+    duration_s: float
+    status: Literal["ok", "failed"]
+    error: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(by_alias=True), indent=1, sort_keys=False, default=_jsonable)
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    return str(obj)
+
+
+def runs_dir(results: Path) -> Path:
+    return Path(results) / "runs"
+
+
+def record_path(results: Path, task: str, run_id: str) -> Path:
+    return runs_dir(results) / task / f"{run_id}.json"
+
+
+def artifact_dir(results: Path, task: str, run_id: str) -> Path:
+    return runs_dir(results) / task / run_id
+
+
+def write_record(results: Path, record: RunRecord) -> Path:
+    """Write `record` atomically; returns its path."""
+    path = record_path(results, record.task, record.run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{record.run_id}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(record.to_json())
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_records(results: Path) -> Iterator[tuple[Path, RunRecord]]:
+    """Every valid record under <results>/runs, with its path (unreadable files are skipped)."""
+    root = runs_dir(results)
+    if not root.exists():
+        return
+    for path in sorted(root.glob("*/*.json")):
+        try:
+            yield path, RunRecord.model_validate_json(path.read_text())
+        except (ValueError, OSError):
+            continue

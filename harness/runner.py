@@ -1,0 +1,98 @@
+"""Run one (mixer, task) and write its record: the one place where tasks meet records."""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel
+
+from harness.config import config_hash
+from harness.envinfo import device_name, git_commit, versions
+from harness.records import RunRecord, artifact_dir, write_record
+from harness.tracking import Tracker
+from tasks.base import NullProgress, Progress, RunContext, Task
+
+
+class DeviceError(ValueError):
+    """A device that is not present or not understood."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; 'cuda' without CUDA is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceError(f"--device {name}: no CUDA device is present here (torch {torch.__version__}); use cpu or auto")
+        return torch.device(name)
+    raise DeviceError(f"--device {name!r} is not valid; expected auto, cpu or cuda")
+
+
+@dataclass
+class RunSpec:
+    """A fully resolved run: what to run, where and with which config."""
+
+    mixer: str
+    task: type[Task]
+    preset: str
+    config: BaseModel
+    device: torch.device
+    seed: int
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id(spec: RunSpec, chash: str) -> str:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-{spec.task.name}-{spec.mixer}-{chash[:8]}-{secrets.token_hex(2)}"
+
+
+def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress | None = None) -> tuple[RunRecord, Path]:
+    """Run the task and write one record, ok or failed. KeyboardInterrupt writes nothing."""
+    config = spec.config.model_dump(mode="json")
+    chash = config_hash(spec.mixer, spec.task.name, config, spec.seed)
+    run_id = new_run_id(spec, chash)
+    adir = artifact_dir(results, spec.task.name, run_id)
+    torch.manual_seed(spec.seed)
+    ctx = RunContext(
+        mixer=spec.mixer, config=spec.config, device=spec.device, seed=spec.seed, artifact_dir=adir,
+        progress=progress or NullProgress(), log=tracker.log,
+    )
+    started, t0 = _now(), time.perf_counter()
+    tracker.start(
+        name=run_id, group=f"{spec.task.name}/{spec.preset}",
+        config={"mixer": spec.mixer, "task": spec.task.name, "preset": spec.preset, "seed": spec.seed, **config},
+        tags=[spec.task.name, spec.mixer, spec.device.type],
+    )
+    metrics, details, artifacts, backend, error = {}, {}, [], None, None
+    try:
+        result = spec.task().run(ctx)
+        metrics, details, artifacts, backend = result.metrics, result.details, result.artifacts, result.backend
+        status = "ok"
+    except KeyboardInterrupt:
+        tracker.finish({}, failed=True)
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of a run becomes a failed record
+        status = "failed"
+        tail = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:])
+        error = f"{type(e).__name__}: {e}\n{tail}"
+    record = RunRecord(
+        run_id=run_id, config_hash=chash, mixer=spec.mixer, task=spec.task.name, preset=spec.preset,
+        config=config, metrics={k: float(v) for k, v in metrics.items()}, details=details,
+        artifacts=[f"{run_id}/{a}" for a in artifacts], backend=backend, device=device_name(spec.device),
+        versions=versions(), git_commit=git_commit(), seed=spec.seed, started=started, finished=_now(),
+        duration_s=time.perf_counter() - t0, status=status, error=error,
+    )
+    path = write_record(results, record)
+    tracker.finish({**record.metrics, "status": status, "backend": backend or ""}, failed=status != "ok")
+    return record, path

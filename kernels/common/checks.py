@@ -1,0 +1,90 @@
+"""Argument checks shared by every op: each failure is a ValueError that names the
+argument, what was received and what is valid."""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """Check q, k: [B, T, H, K] and v: [B, T, H, V]; return (B, T, H, K, V)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{op}: {name} must have 4 dimensions [B, T, H, D], got shape {_shape(t)}"
+            )
+        if t.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{op}: {name} has dtype {t.dtype}; valid: float16, bfloat16, float32, float64")
+    if q.shape != k.shape:
+        raise ValueError(f"{op}: q and k must have the same shape [B, T, H, K], got q {_shape(q)} and k {_shape(k)}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"{op}: v must be [B, T, H, V] with B, T, H as in q {_shape(q)}, got v {_shape(v)}"
+        )
+    if q.shape[1] == 0:
+        raise ValueError(f"{op}: T must be at least 1, got q {_shape(q)}")
+    if q.device != k.device or q.device != v.device:
+        raise ValueError(f"{op}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, T, H, K = q.shape
+    return B, T, H, K, v.shape[-1]
+
+
+def check_gate(op: str, g: torch.Tensor, B: int, T: int, H: int, K: int, allow_vector: bool) -> bool:
+    """Check a log-space gate g <= 0 of shape [B, T, H] (or [B, T, H, K] when allowed).
+
+    Returns True for a vector gate."""
+    valid = f"[{B}, {T}, {H}]" + (f" or [{B}, {T}, {H}, {K}]" if allow_vector else "")
+    if not isinstance(g, torch.Tensor):
+        raise ValueError(f"{op}: g must be a torch.Tensor of shape {valid}, got {type(g).__name__}")
+    if tuple(g.shape) == (B, T, H):
+        vector = False
+    elif allow_vector and tuple(g.shape) == (B, T, H, K):
+        vector = True
+    else:
+        raise ValueError(f"{op}: g must have shape {valid}, got {_shape(g)}")
+    with torch.no_grad():
+        gmax = g.max().item()
+        if not (gmax <= 0.0):  # catches NaN too
+            raise ValueError(
+                f"{op}: g is a log-space decay and must be <= 0 everywhere (decay = exp(g) in (0, 1]); "
+                f"got max(g) = {gmax}"
+            )
+    return vector
+
+
+def check_beta(op: str, beta: torch.Tensor, B: int, T: int, H: int) -> None:
+    """Check beta: [B, T, H] with values in (0, 1]."""
+    if not isinstance(beta, torch.Tensor) or tuple(beta.shape) != (B, T, H):
+        got = _shape(beta) if isinstance(beta, torch.Tensor) else type(beta).__name__
+        raise ValueError(f"{op}: beta must have shape [{B}, {T}, {H}], got {got}")
+    with torch.no_grad():
+        bmin, bmax = beta.min().item(), beta.max().item()
+    if not (bmin > 0.0 and bmax <= 1.0):
+        raise ValueError(f"{op}: beta must lie in (0, 1], got values in [{bmin}, {bmax}]")
+
+
+def check_state(op: str, name: str, state: torch.Tensor | None, shape: tuple[int, ...]) -> None:
+    """Check an optional state tensor against its expected shape."""
+    if state is None:
+        return
+    if not isinstance(state, torch.Tensor) or tuple(state.shape) != tuple(shape):
+        got = _shape(state) if isinstance(state, torch.Tensor) else type(state).__name__
+        raise ValueError(f"{op}: {name} must have shape [{', '.join(map(str, shape))}], got {got}")
+
+
+def default_scale(op: str, scale: float | None, K: int) -> float:
+    """The query scale: K ** -0.5 unless given; must be a finite positive number."""
+    if scale is None:
+        return K**-0.5
+    s = float(scale)
+    if not (s > 0.0 and s < float("inf")):
+        raise ValueError(f"{op}: scale must be a finite positive number, got {scale}")
+    return s

@@ -1,0 +1,94 @@
+"""Backend selection for every op: one place decides which implementation runs.
+
+`resolve_backend` turns a requested backend ("auto" or a concrete name) into the
+concrete backend that will run for tensors on a given device, or raises a
+ValueError that says why the request cannot run here. Ops call it first and
+mixers record what it returned, so the backend in a run record is the one that ran.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+
+# Concrete backends of the linear ops (softmax has its own set, below).
+LINEAR_BACKENDS = ("reference", "torch", "triton")
+SOFTMAX_BACKENDS = ("reference", "torch", "flash_attn")
+ALL_BACKENDS = ("reference", "torch", "triton", "flash_attn")
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """Whether a backend can run on a device here, and if not, why not."""
+
+    name: str
+    usable: bool
+    reason: str
+
+
+def triton_interpret() -> bool:
+    """True when Triton kernels run on the CPU through the interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def backend_status(backend: str, device: torch.device | str) -> BackendStatus:
+    """Say whether `backend` can run for tensors on `device`, and why not."""
+    dev = torch.device(device)
+    if backend in ("reference", "torch"):
+        return BackendStatus(backend, True, "plain PyTorch, any device")
+    if backend == "triton":
+        if not _has_module("triton"):
+            return BackendStatus(backend, False, "package triton is not installed")
+        if dev.type == "cuda":
+            return BackendStatus(backend, True, "CUDA device")
+        if triton_interpret():
+            return BackendStatus(backend, True, "CPU through TRITON_INTERPRET=1 (slow, for tests)")
+        return BackendStatus(
+            backend, False, "no CUDA device (set TRITON_INTERPRET=1 to run it on the CPU interpreter)"
+        )
+    if backend == "flash_attn":
+        if not (_has_module("flash_attn")):
+            return BackendStatus(backend, False, "package flash_attn is not installed")
+        if dev.type != "cuda":
+            return BackendStatus(backend, False, "flash_attn needs a CUDA device")
+        return BackendStatus(backend, True, "flash_attn installed, CUDA device")
+    if backend == "fla":
+        if not _has_module("fla"):
+            return BackendStatus(backend, False, "package fla (flash-linear-attention) is not installed")
+        if dev.type != "cuda":
+            return BackendStatus(backend, False, "fla needs a CUDA device")
+        return BackendStatus(backend, True, "fla installed, CUDA device (comparison only)")
+    return BackendStatus(backend, False, f"unknown backend {backend!r}")
+
+
+def resolve_backend(op: str, requested: str, device: torch.device | str) -> str:
+    """Return the concrete backend that runs `op` for tensors on `device`.
+
+    `requested` is "auto" or one of the op's backends. "auto" picks triton on CUDA
+    and torch elsewhere (softmax: flash_attn where it runs, else torch/SDPA).
+    Raises ValueError naming the op, the request and what is valid here.
+    """
+    valid = SOFTMAX_BACKENDS if op == "softmax_attention" else LINEAR_BACKENDS
+    if requested == "auto":
+        dev = torch.device(device)
+        if op == "softmax_attention":
+            return "flash_attn" if backend_status("flash_attn", dev).usable else "torch"
+        return "triton" if dev.type == "cuda" and backend_status("triton", dev).usable else "torch"
+    if requested not in valid:
+        raise ValueError(
+            f"{op}: backend={requested!r} is not valid; expected 'auto' or one of {list(valid)}"
+        )
+    status = backend_status(requested, device)
+    if not status.usable:
+        raise ValueError(f"{op}: backend={requested!r} cannot run on {torch.device(device)}: {status.reason}")
+    return requested

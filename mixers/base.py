@@ -1,0 +1,100 @@
+"""The mixer contract (DESIGN §4) and the pieces every mixer shares.
+
+A mixer maps x: [B, T, d_model] -> [B, T, d_model]. It owns its projections and gates,
+calls one op from `kernels`, reports `state_size()` (floats kept per sequence for
+decoding) and decodes one token at a time through `step`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from torch import nn
+
+from kernels import resolve_backend
+
+
+class MixerConfig(BaseModel):
+    """Options every mixer takes; a mixer subclasses this to add its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_heads: int = Field(2, ge=1, description="number of heads")
+    head_dim: int | None = Field(None, ge=1, description="per-head key/value width; default d_model // num_heads")
+    short_conv: bool = Field(True, description="causal depthwise convolution on q, k, v")
+    conv_size: int = Field(4, ge=1, le=16, description="short convolution width")
+    backend: str = Field("auto", description="op backend: auto, reference, torch, triton (softmax: flash_attn)")
+    chunk_size: int = Field(64, ge=16, description="chunk length of the chunkwise forms")
+
+    @field_validator("chunk_size")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"chunk_size must be a power of two, got {v}")
+        return v
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise 1-D convolution over time with SiLU, as in recent linear-attention layers.
+
+    x: [B, T, D] -> [B, T, D]; `step` takes x_t: [B, D] and a cache [B, D, width-1]."""
+
+    def __init__(self, dim: int, width: int):
+        super().__init__()
+        self.width = width
+        self.conv = nn.Conv1d(dim, dim, width, groups=dim, padding=width - 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        y = self.conv(x.transpose(1, 2))[..., :T]
+        return F.silu(y).transpose(1, 2)
+
+    def step(self, x_t: torch.Tensor, cache: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        B, D = x_t.shape
+        if cache is None:
+            cache = x_t.new_zeros(B, D, self.width - 1)
+        window = torch.cat([cache, x_t.unsqueeze(-1)], dim=-1)  # [B, D, width]
+        y = (window * self.conv.weight.squeeze(1)).sum(-1)
+        return F.silu(y), window[..., 1:]
+
+
+class Mixer(nn.Module):
+    """Base class of every registered mixer.
+
+    Subclasses set `Config`, build their parameters in `__init__(d_model, config)`, and
+    implement `forward(x)`, `step(x_t, cache)` and `state_size(seq_len)`."""
+
+    Config: ClassVar[type[MixerConfig]] = MixerConfig
+    registry_name: ClassVar[str] = ""
+    op_name: ClassVar[str] = ""
+
+    def __init__(self, d_model: int, config: MixerConfig):
+        super().__init__()
+        self.d_model = d_model
+        self.config = config
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim or d_model // config.num_heads
+        if self.head_dim < 1:
+            raise ValueError(f"head_dim = d_model // num_heads is 0 for d_model={d_model}, num_heads={config.num_heads}")
+        self.backend_used: str | None = None
+
+    @classmethod
+    def from_options(cls, d_model: int, options: dict[str, Any] | None = None) -> "Mixer":
+        """Build from a plain dict of options, validated against `cls.Config`."""
+        return cls(d_model, cls.Config(**(options or {})))
+
+    def resolve(self, device: torch.device) -> str:
+        """The concrete backend for this mixer's op on `device` (recorded in `backend_used`)."""
+        self.backend_used = resolve_backend(self.op_name, self.config.backend, device)
+        return self.backend_used
+
+    def state_size(self, seq_len: int) -> int:
+        """Floats kept per sequence to decode the next token after `seq_len` tokens."""
+        raise NotImplementedError
+
+    def step(self, x_t: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        """Decode one token: x_t [B, d_model] -> ([B, d_model], new cache)."""
+        raise NotImplementedError

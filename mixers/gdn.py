@@ -1,0 +1,55 @@
+"""Gated DeltaNet: the delta rule with a Mamba2-style data-dependent decay."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import gated_delta_rule, gated_delta_rule_step
+from mixers.projected import ProjectedMixer
+from mixers.registry import register_mixer
+
+
+def decay_parameters(num_heads: int) -> tuple[nn.Parameter, nn.Parameter]:
+    """A_log and dt_bias initialised so exp(g) starts between about 0.9 and 0.999."""
+    A_log = nn.Parameter(torch.log(torch.empty(num_heads).uniform_(1.0, 16.0)))
+    dt = torch.exp(torch.empty(num_heads).uniform_(math.log(1e-3), math.log(1e-1)))
+    dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+    return A_log, dt_bias
+
+
+def decay_gate(a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """g = -exp(A_log) * softplus(a + dt_bias) <= 0, in fp32. a: [B, T, H]."""
+    return -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+
+
+@register_mixer("gdn")
+class GatedDeltaNet(ProjectedMixer):
+    """h_t = exp(g_t)(I - beta_t k_t k_t^T) h_{t-1} + beta_t k_t v_t^T."""
+
+    op_name = "gated_delta_rule"
+    l2norm_qk = True
+
+    def __init__(self, d_model, config):
+        super().__init__(d_model, config)
+        self.a_proj = nn.Linear(d_model, self.num_heads, bias=False)
+        self.b_proj = nn.Linear(d_model, self.num_heads, bias=True)
+        self.A_log, self.dt_bias = decay_parameters(self.num_heads)
+
+    def gates(self, x):
+        return {
+            "g": decay_gate(self.a_proj(x), self.A_log, self.dt_bias),
+            "beta": torch.sigmoid(self.b_proj(x).float()),
+        }
+
+    def run_op(self, q, k, v, gates, initial_state=None, output_final_state=False):
+        return gated_delta_rule(
+            q, k, v, gates["g"], gates["beta"], initial_state=initial_state,
+            output_final_state=output_final_state, backend=self.backend_used, chunk_size=self.config.chunk_size,
+        )
+
+    def step_op(self, q_t, k_t, v_t, gates_t, state):
+        return gated_delta_rule_step(q_t, k_t, v_t, gates_t["g"], gates_t["beta"], state)

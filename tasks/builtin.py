@@ -1,0 +1,3 @@
+"""The in-repo tasks: importing a module registers it. One line per task."""
+
+import tasks.mqar  # noqa: F401
