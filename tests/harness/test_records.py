@@ -1,0 +1,61 @@
+"""Run records: schema, atomic writing, loading."""
+
+import json
+import os
+
+import pytest
+
+from harness.records import SCHEMA, RunRecord, load_records, write_record
+
+
+def make_record(**over):
+    base = dict(
+        run_id="r1", config_hash="abc", mixer="softmax", task="mqar", preset="tiny", config={"a": 1},
+        metrics={"accuracy": 0.5}, backend="torch", device="cpu: test", versions={"torch": "x"},
+        git_commit=None, seed=0, started="2026-01-01T00:00:00+00:00", finished="2026-01-01T00:00:01+00:00",
+        duration_s=1.0, status="ok",
+    )
+    base.update(over)
+    return RunRecord(**base)
+
+
+def test_schema_keys(tmp_path):
+    path = write_record(tmp_path, make_record())
+    data = json.loads(path.read_text())
+    required = {"schema", "run_id", "mixer", "task", "config", "metrics", "backend", "device", "versions",
+                "git_commit", "seed", "started", "finished", "status", "error"}
+    assert required <= set(data)
+    assert data["schema"] == SCHEMA
+    assert path == tmp_path / "runs" / "mqar" / "r1.json"
+
+
+def test_round_trip(tmp_path):
+    write_record(tmp_path, make_record(run_id="a"))
+    write_record(tmp_path, make_record(run_id="b", status="failed", error="boom", metrics={}))
+    recs = {r.run_id: r for _, r in load_records(tmp_path)}
+    assert set(recs) == {"a", "b"}
+    assert recs["b"].status == "failed" and recs["b"].error == "boom"
+
+
+def test_unknown_status_rejected():
+    with pytest.raises(ValueError):
+        make_record(status="maybe")
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    write_record(tmp_path, make_record(run_id="keep"))
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        write_record(tmp_path, make_record(run_id="lost"))
+    files = sorted(p.name for p in (tmp_path / "runs" / "mqar").iterdir())
+    assert files == ["keep.json"], "no temp file and no half record left behind"
+
+
+def test_torn_file_is_skipped(tmp_path):
+    write_record(tmp_path, make_record(run_id="good"))
+    (tmp_path / "runs" / "mqar" / "torn.json").write_text('{"schema": "harness.run/1", "run_')
+    assert [r.run_id for _, r in load_records(tmp_path)] == ["good"]
