@@ -1,0 +1,148 @@
+"""MesaNet (DESIGN §8): the public op `mesa`, its decode step `mesa_step` and `MesaState`.
+
+    H_kk_t = exp(g_t) H_kk_{t-1} + beta_t k_t k_t^T      H_kv_t = exp(g_t) H_kv_{t-1} + beta_t k_t v_t^T
+    q*_t = (H_kk_t + diag(lamb))^{-1} (scale q_t)         o_t = H_kv_t^T q*_t
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.common.checks import FLOAT_DTYPES, check_beta, check_gate, check_qkv, check_state, default_scale
+from kernels.common.chunking import check_chunk_size
+from kernels.common.dispatch import resolve_backend
+from kernels.mesa.chunked import mesa_chunked
+from kernels.mesa.reference import mesa_reference
+from kernels.mesa.state import MesaState
+from kernels.mesa.step import mesa_step_compute
+
+__all__ = ["MesaState", "mesa", "mesa_step"]
+
+
+def mesa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    lamb: torch.Tensor,
+    scale: float | None = None,
+    initial_state: MesaState | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+    cg_steps: int = 30,
+    cg_tol: float | None = None,
+) -> tuple[torch.Tensor, MesaState | None]:
+    """MesaNet over a sequence.
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; g: [B, T, H] log-decay (<= 0); beta: [B, T, H] in
+    (0, 1]; lamb: [H, K] ridge > 0; initial_state: MesaState(h_kk [B, H, K, K], h_kv
+    [B, H, K, V]) or None. backend: "auto" (triton on CUDA, else torch), "reference" (exact
+    solve per token), "torch" (chunked, CG) or "triton". chunk_size, cg_steps (CG iterations,
+    >= 0) and cg_tol (stop once every relative residual is below it) apply to the CG
+    backends. Returns o [B, T, H, V] in q's dtype and the final MesaState (fp32; fp64 for
+    fp64 inputs) when output_final_state, else None.
+    """
+    op = "mesa"
+    B, T, H, K, V = check_qkv(op, q, k, v)
+    check_gate(op, g, B, T, H, K, allow_vector=False)
+    check_beta(op, beta, B, T, H)
+    _check_lamb(op, "lamb", lamb, H, K)
+    initial_state = _check_mesa_state(op, "initial_state", initial_state, B, H, K, V)
+    scale = default_scale(op, scale, K)
+    _check_options(op, chunk_size, cg_steps, cg_tol)
+    for name, t in (("g", g), ("beta", beta), ("lamb", lamb)):
+        if t.device != q.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but q is on {q.device}")
+
+    backend = resolve_backend(op, backend, q.device)
+    if backend == "reference":
+        return mesa_reference(
+            q, k, v, g, beta, lamb, scale, initial_state=initial_state, output_final_state=output_final_state
+        )
+    if backend == "torch":
+        return mesa_chunked(
+            q, k, v, g, beta, lamb, scale, initial_state=initial_state, output_final_state=output_final_state,
+            chunk_size=chunk_size, cg_steps=cg_steps, cg_tol=cg_tol,
+        )
+    from kernels.mesa.triton_op import mesa_triton  # lazy: triton is optional
+
+    return mesa_triton(
+        q, k, v, g, beta, lamb, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, chunk_size=chunk_size, cg_steps=cg_steps, cg_tol=cg_tol,
+    )
+
+
+def mesa_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    g_t: torch.Tensor,
+    beta_t: torch.Tensor,
+    lamb: torch.Tensor,
+    state: MesaState | None,
+    scale: float | None = None,
+    cg_steps: int | None = None,
+) -> tuple[torch.Tensor, MesaState]:
+    """One decoding token. q_t, k_t: [B, H, K]; v_t: [B, H, V]; g_t: [B, H] (<= 0);
+    beta_t: [B, H] in (0, 1]; lamb: [H, K] > 0; state: MesaState or None (zeros).
+
+    The solve is exact (torch.linalg.solve) unless cg_steps is given, then that many CG
+    iterations from the Jacobi start. Returns o_t [B, H, V] in q_t's dtype and the new
+    MesaState (fp32; fp64 for fp64 inputs).
+    """
+    op = "mesa_step"
+    for name, t, rank in (("q_t", q_t, 3), ("k_t", k_t, 3), ("v_t", v_t, 3), ("g_t", g_t, 2), ("beta_t", beta_t, 2)):
+        if not isinstance(t, torch.Tensor) or t.dim() != rank or t.dtype not in FLOAT_DTYPES:
+            got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{op}: {name} must be a floating tensor with {rank} dimensions, got {got}")
+    B, H, K = q_t.shape
+    V = v_t.shape[-1]
+    expected = {"k_t": (k_t, (B, H, K)), "v_t": (v_t, (B, H, V)), "g_t": (g_t, (B, H)), "beta_t": (beta_t, (B, H))}
+    for name, (t, shape) in expected.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(
+                f"{op}: {name} must have shape {list(shape)} (from q_t {list(q_t.shape)}), got {list(t.shape)}"
+            )
+    with torch.no_grad():
+        if not (g_t.max().item() <= 0.0):
+            raise ValueError(f"{op}: g_t is a log-decay and must be <= 0, got max {g_t.max().item()}")
+        bmin, bmax = beta_t.min().item(), beta_t.max().item()
+        if not (bmin > 0.0 and bmax <= 1.0):
+            raise ValueError(f"{op}: beta_t must lie in (0, 1], got values in [{bmin}, {bmax}]")
+    _check_lamb(op, "lamb", lamb, H, K)
+    state = _check_mesa_state(op, "state", state, B, H, K, V)
+    scale = default_scale(op, scale, K)
+    if cg_steps is not None and (not isinstance(cg_steps, int) or cg_steps < 0):
+        raise ValueError(f"{op}: cg_steps must be None (exact solve) or an int >= 0, got {cg_steps!r}")
+    return mesa_step_compute(q_t, k_t, v_t, g_t, beta_t, lamb, state, scale, cg_steps)
+
+
+def _check_lamb(op: str, name: str, lamb: torch.Tensor, H: int, K: int) -> None:
+    if not isinstance(lamb, torch.Tensor) or tuple(lamb.shape) != (H, K) or lamb.dtype not in FLOAT_DTYPES:
+        got = f"shape {list(lamb.shape)}, {lamb.dtype}" if isinstance(lamb, torch.Tensor) else type(lamb).__name__
+        raise ValueError(f"{op}: {name} must be a floating tensor of shape [H, K] = [{H}, {K}], got {got}")
+    with torch.no_grad():
+        lo, hi = lamb.min().item(), lamb.max().item()
+    if not (lo > 0.0 and hi < float("inf")):
+        raise ValueError(f"{op}: {name} must be finite and > 0 everywhere (ridge of H_kk), got values in [{lo}, {hi}]")
+
+
+def _check_mesa_state(op: str, name: str, state, B: int, H: int, K: int, V: int) -> MesaState | None:
+    if state is None:
+        return None
+    if not isinstance(state, tuple) or len(state) != 2:
+        raise ValueError(f"{op}: {name} must be a MesaState(h_kk, h_kv) or None, got {type(state).__name__}")
+    state = MesaState(*state)
+    check_state(op, f"{name}.h_kk", state.h_kk, (B, H, K, K))
+    check_state(op, f"{name}.h_kv", state.h_kv, (B, H, K, V))
+    return state
+
+
+def _check_options(op: str, chunk_size: int, cg_steps: int, cg_tol: float | None) -> None:
+    check_chunk_size(op, chunk_size)
+    if not isinstance(cg_steps, int) or cg_steps < 0:
+        raise ValueError(f"{op}: cg_steps must be an int >= 0, got {cg_steps!r}")
+    if cg_tol is not None and not (0.0 < float(cg_tol) < float("inf")):
+        raise ValueError(f"{op}: cg_tol must be None or a finite number > 0, got {cg_tol!r}")
