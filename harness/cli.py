@@ -12,8 +12,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark and evaluate sequence mixers.")
-console = Console()
-err_console = Console(stderr=True)
+# Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns.
+console = Console(width=None if Console().is_terminal else 160)
+err_console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
 
 # Hugging Face libraries stay offline unless the user says otherwise.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -5,12 +5,24 @@ Layout: q, k: [B, T, H, K]; v: [B, T, H, V]; gates g in log space ([B, T, H] or
 backend="auto" | "reference" | "torch" | "triton" ("flash_attn" for softmax).
 Each op has a one-token `<op>_step` for decoding.
 
-Names are imported on first use (PEP 562), so importing one op does not import the others.
+Each op lives in the folder of its name; importing the function here rebinds the package
+attribute from the sub-package to the function, so `kernels.delta_rule` is the op.
+Triton is imported only when a triton backend runs.
 """
 
-from importlib import import_module
-
 from kernels.common.dispatch import BackendStatus, backend_status, resolve_backend
+from kernels.delta_rule import delta_rule, delta_rule_step
+from kernels.gated_delta_rule import gated_delta_rule, gated_delta_rule_step
+from kernels.gated_linear_attention import gated_linear_attention, gated_linear_attention_step
+from kernels.linear_attention import linear_attention, linear_attention_step
+from kernels.linearized_softmax_gdn import (
+    LinGDNState,
+    linearized_softmax_gdn,
+    linearized_softmax_gdn_step,
+    vala_attention,
+)
+from kernels.mesa import MesaState, mesa, mesa_step
+from kernels.softmax_attention import KVCache, softmax_attention, softmax_attention_step
 
 OPS = (
     "softmax_attention",
@@ -22,22 +34,27 @@ OPS = (
     "mesa",
 )
 
-# public name -> the op folder that defines it
-_WHERE = {
-    **{op: op for op in OPS},
-    **{f"{op}_step": op for op in OPS},
-    "KVCache": "softmax_attention",
-    "LinGDNState": "linearized_softmax_gdn",
-    "vala_attention": "linearized_softmax_gdn",
-    "MesaState": "mesa",
-}
-
-__all__ = ["OPS", "BackendStatus", "backend_status", "resolve_backend", *_WHERE]
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        value = getattr(import_module(f"kernels.{_WHERE[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+__all__ = [
+    "OPS",
+    "BackendStatus",
+    "KVCache",
+    "LinGDNState",
+    "MesaState",
+    "backend_status",
+    "delta_rule",
+    "delta_rule_step",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
+    "gated_linear_attention",
+    "gated_linear_attention_step",
+    "linear_attention",
+    "linear_attention_step",
+    "linearized_softmax_gdn",
+    "linearized_softmax_gdn_step",
+    "mesa",
+    "mesa_step",
+    "resolve_backend",
+    "softmax_attention",
+    "softmax_attention_step",
+    "vala_attention",
+]
