@@ -86,9 +86,9 @@ class Mixer(nn.Module):
         """Build from a plain dict of options, validated against `cls.Config`."""
         return cls(d_model, cls.Config(**(options or {})))
 
-    def resolve(self, device: torch.device) -> str:
-        """The concrete backend for this mixer's op on `device` (recorded in `backend_used`)."""
-        self.backend_used = resolve_backend(self.op_name, self.config.backend, device)
+    def resolve(self, x: torch.Tensor) -> str:
+        """The concrete backend for this mixer's op on x's device and dtype (kept in `backend_used`)."""
+        self.backend_used = resolve_backend(self.op_name, self.config.backend, x.device, x.dtype)
         return self.backend_used
 
     def state_size(self, seq_len: int) -> int:

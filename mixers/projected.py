@@ -84,14 +84,14 @@ class ProjectedMixer(Mixer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, T, d_model] -> [B, T, d_model]."""
-        self.resolve(x.device)
+        self.resolve(x)
         q, k, v = self._project(x)
         o, _ = self.run_op(q, k, v, self.gates(x))
         return self._output(o.to(x.dtype), x)
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, DecodeCache]:
         """Run a whole prompt x: [B, T, d_model] and return the decode cache after it."""
-        self.resolve(x.device)
+        self.resolve(x)
         q, k, v = self._project(x)
         o, state = self.run_op(q, k, v, self.gates(x), output_final_state=True)
         conv = None

@@ -71,18 +71,22 @@ def backend_status(backend: str, device: torch.device | str) -> BackendStatus:
     return BackendStatus(backend, False, f"unknown backend {backend!r}")
 
 
-def resolve_backend(op: str, requested: str, device: torch.device | str) -> str:
+def resolve_backend(
+    op: str, requested: str, device: torch.device | str, dtype: torch.dtype | None = None
+) -> str:
     """Return the concrete backend that runs `op` for tensors on `device`.
 
     `requested` is "auto" or one of the op's backends. "auto" picks triton on CUDA
-    and torch elsewhere (softmax: flash_attn where it runs, else torch/SDPA).
+    and torch elsewhere (softmax: flash_attn where it runs and the inputs are fp16/bf16,
+    which is all flash_attn takes; else torch/SDPA).
     Raises ValueError naming the op, the request and what is valid here.
     """
     valid = SOFTMAX_BACKENDS if op == "softmax_attention" else LINEAR_BACKENDS
     if requested == "auto":
         dev = torch.device(device)
         if op == "softmax_attention":
-            return "flash_attn" if backend_status("flash_attn", dev).usable else "torch"
+            half = dtype in (torch.float16, torch.bfloat16)
+            return "flash_attn" if half and backend_status("flash_attn", dev).usable else "torch"
         return "triton" if dev.type == "cuda" and backend_status("triton", dev).usable else "torch"
     if requested not in valid:
         raise ValueError(

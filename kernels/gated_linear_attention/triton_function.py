@@ -1,0 +1,82 @@
+"""The autograd Function behind the Triton backends of linear_attention and
+gated_linear_attention (linear attention is the ungated case of the same chunk pipeline).
+
+Forward:  gamma = chunk-local cumsum of g (log2 units)
+          h     = states entering each chunk              (common/triton/states.py)
+          A     = vector-gate intra-chunk matrix          (triton_vector.py; vector gate only)
+          o     = (Q e^gamma) h + A V per chunk           (common/triton/output.py)
+Backward: dh    = gradients of the states leaving each chunk, dh0
+          dv    = A^T dO + (K e^{gamma_C - gamma}) dh
+          dq, dk, dg: common/triton/grad_qk.py (none/scalar gate) or triton_vector.py
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.common.triton.cumsum import chunk_local_cumsum
+from kernels.common.triton.grad_qk import chunk_bwd_dqk
+from kernels.common.triton.output import chunk_bwd_dv, chunk_fwd_output
+from kernels.common.triton.states import chunk_bwd_states, chunk_fwd_states
+from kernels.common.triton.utils import GATE_NONE, GATE_SCALAR, GATE_VECTOR, LOG2E
+from kernels.gated_linear_attention.triton_vector import gla_bwd_dqkg, gla_intra_A
+
+
+@dataclass(frozen=True)
+class ChunkOptions:
+    """Non-tensor arguments of the chunk pipeline (validated by the caller)."""
+
+    scale: float
+    chunk_size: int
+    output_final_state: bool
+
+
+def gate_mode(g: torch.Tensor | None) -> int:
+    if g is None:
+        return GATE_NONE
+    return GATE_VECTOR if g.dim() == 4 else GATE_SCALAR
+
+
+class ChunkGatedLinearAttentionFunction(torch.autograd.Function):
+    """(q, k, v, g | None, h0 | None, ChunkOptions) -> (o, final state | None).
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; g: [B, T, H] or [B, T, H, K] log-gates or None;
+    h0: [B, H, K, V] fp32 or None. All contiguous, q/k/v of one dtype (fp16, bf16, fp32).
+    o: [B, T, H, V] in v's dtype; final state [B, H, K, V] fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0, opts: ChunkOptions):
+        gate = gate_mode(g)
+        BT = opts.chunk_size
+        gamma = chunk_local_cumsum(g, BT, scale=LOG2E) if g is not None else None
+        h, ht = chunk_fwd_states(k, v, gamma, gate, h0, opts.output_final_state, BT)
+        A = gla_intra_A(q, k, gamma, opts.scale, BT) if gate == GATE_VECTOR else None
+        o = chunk_fwd_output(q, k, v, h, gamma, gate, A, opts.scale, BT)
+        ctx.save_for_backward(q, k, v, gamma, h, A)
+        ctx.opts = opts
+        ctx.gate = gate
+        ctx.g_dtype = g.dtype if g is not None else None
+        ctx.has_h0 = h0 is not None
+        # an unused output then arrives as None in backward, not as a tensor of zeros
+        ctx.set_materialize_grads(False)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, gamma, h, A = ctx.saved_tensors
+        opts, gate = ctx.opts, ctx.gate
+        BT = opts.chunk_size
+        do = torch.zeros_like(v) if do is None else do.contiguous()
+        dh, dh0 = chunk_bwd_states(q, do, gamma, gate, dht, ctx.has_h0, opts.scale, BT)
+        dv = chunk_bwd_dv(q, k, do, dh, gamma, gate, A, opts.scale, BT)
+        dg = None
+        if gate == GATE_VECTOR:
+            dq, dk, dg = gla_bwd_dqkg(q, k, v, do, h, dh, gamma, opts.scale, BT)
+        else:
+            dq, dk, dg = chunk_bwd_dqk(q, k, v, do, h, dh, gamma, gate, opts.scale, BT)
+        if dg is not None:
+            dg = dg.to(ctx.g_dtype)
+        return dq, dk, dv, dg, dh0, None

@@ -1,0 +1,216 @@
+"""Vector-gate (GLA) intra-chunk kernels: the matrix A and the q/k/g gradients.
+
+A_ij = scale sum_c q_ic k_jc e^{gamma_ic - gamma_jc} (i >= j in one chunk) does not factor
+safely as (Q ⊙ e^gamma)(K ⊙ e^-gamma)^T: e^-gamma overflows once a channel's gates sum
+below about -88 within a chunk (DESIGN §10). So each chunk is cut into sub-chunks of BC
+rows. A block of rows in sub-chunk s against columns of earlier sub-chunks factors around
+a reference point r = gamma at the first row of s: (Q ⊙ e^{gamma - r}) (K ⊙ e^{r - gamma})^T,
+where both exponents are <= 0 (gamma only decreases). The diagonal BC x BC blocks are
+summed element by element with the exact exponent gamma_i - gamma_j <= 0. No exponent is
+ever positive, so no gate, however negative, overflows. The backward uses the same cut.
+
+Padding rows past T take the gamma of the last valid row (a zero gate), so they obey the
+same ordering and never produce an overflow either.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.triton.tiles import load_row, load_tile, load_tile_t, store_tile
+from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+
+SUB_CHUNK = 16
+
+
+@triton.jit
+def gla_intra_A_kernel(
+    q, k, gamma, A, scale, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = i_b.to(tl.int64) * T * H + i_h
+    t0 = i_t * BT
+    last = tl.minimum(t0 + BT, T) - 1
+    o_i = tl.arange(0, BT)  # position in the chunk
+    o_t = t0 + o_i
+    m_t = o_t < T
+    o_first = (o_i // BC) * BC  # first position of each row's sub-chunk
+    NC: tl.constexpr = BT // BC
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_g = load_tile(gamma + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_glast = load_row(gamma + seq * K, last, i_k * BK, T, K, H * K, BK)
+        b_g = tl.where(m_t[:, None], b_g, b_glast[None, :])
+        for s in tl.static_range(1, NC):
+            r0 = t0 + s * BC
+            if r0 < T:
+                # rows of sub-chunk s against keys before it, factored around r = gamma at row r0
+                b_gr = load_row(gamma + seq * K, r0, i_k * BK, T, K, H * K, BK)
+                m_rows = (o_t >= r0) & (o_t < r0 + BC)
+                b_qg = (b_q * tl.exp2(tl.where(m_rows[:, None], b_g - b_gr[None, :], float("-inf")))).to(b_q.dtype)
+                b_kg = (b_k * tl.exp2(tl.where((o_t < r0)[:, None], b_gr[None, :] - b_g, float("-inf")))).to(b_k.dtype)
+                b_A += tl.dot(b_qg, tl.trans(b_kg), input_precision=DOT_PREC)
+        # diagonal sub-chunk blocks, element by element with exact exponents: in step jj
+        # every row i meets the jj-th key of its own sub-chunk
+        b_qf = b_q.to(tl.float32)
+        for jj in range(BC):
+            o_p = o_first + jj
+            t_p = t0 + o_p
+            m_p = (t_p < T)[:, None] & m_k[None, :]
+            p_off = (seq + t_p.to(tl.int64) * H)[:, None] * K + o_k[None, :]
+            b_kp = tl.load(k + p_off, mask=m_p, other=0.0).to(tl.float32)
+            b_gp = tl.load(gamma + p_off, mask=m_p, other=0.0)
+            m_le = (o_p <= o_i)[:, None] & m_p
+            b_val = tl.sum(b_qf * b_kp * tl.exp2(tl.where(m_le, b_g - b_gp, float("-inf"))), axis=1)
+            b_A += tl.where(o_i[None, :] == o_p[:, None], b_val[:, None], 0.0)
+    store_tile(A + seq * BT, b_A * scale, t0, 0, T, BT, H * BT, BT, BT)
+
+
+def gla_intra_A(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, scale: float, chunk_size: int) -> torch.Tensor:
+    """A: [B, T, H, BT] fp32, row t holds scale * sum_c q_tc k_jc e^{gamma_tc - gamma_jc} for
+    the keys j of t's chunk (zero for j > t). q, k: [B, T, H, K]; gamma: [B, T, H, K] fp32
+    log2 cumulative gates."""
+    B, T, H, K = q.shape
+    BT = chunk_size
+    A = new_buffer((B, T, H, BT), torch.float32, q.device)
+    grid = (triton.cdiv(T, BT), B * H)
+    gla_intra_A_kernel[grid](
+        q, k, gamma, A, scale, T, H=H, K=K, BT=BT, BC=min(SUB_CHUNK, BT), BK=block_size(K),
+        DOT_PREC=dot_precision(q.dtype), num_warps=warps(4), num_stages=1,
+    )
+    return A
+
+
+@triton.jit
+def gla_bwd_dqkg_kernel(
+    q, k, v, gamma, h, do, dh, dq, dk, dg, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = i_b.to(tl.int64) * T * H + i_h
+    t0 = i_t * BT
+    last = tl.minimum(t0 + BT, T) - 1
+    o_i = tl.arange(0, BT)  # position in the chunk
+    o_t = t0 + o_i
+    m_t = o_t < T
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    state = (i_bh * NT + i_t).to(tl.int64) * K * V
+
+    # --- everything that sums over V: inter-chunk parts, dA, and <S, dS'> per channel
+    b_dq_inter = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk_inter = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
+        b_do = load_tile(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
+        b_ht = load_tile_t(h + state, i_k * BK, i_v * BV, K, V, V, BK, BV)
+        b_dht = load_tile_t(dh + state, i_k * BK, i_v * BV, K, V, V, BK, BV)
+        b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+        b_dq_inter += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=DOT_PREC)
+        b_dk_inter += tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=DOT_PREC)
+        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+
+    b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+    b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+    b_g = load_tile(gamma + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+    b_glast = load_row(gamma + seq * K, last, i_k * BK, T, K, H * K, BK)
+    b_g = tl.where(m_t[:, None], b_g, b_glast[None, :])
+    b_dA = tl.where(o_i[:, None] >= o_i[None, :], b_dA, 0.0) * scale
+
+    # --- intra-chunk, off-diagonal sub-chunk blocks (masked full-chunk products)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    NC: tl.constexpr = BT // BC
+    for s in tl.static_range(1, NC):
+        r0 = t0 + s * BC
+        if r0 < T:
+            # rows of sub-chunk s against keys before it, around r = gamma at row r0
+            b_gr = load_row(gamma + seq * K, r0, i_k * BK, T, K, H * K, BK)
+            m_rows = (o_t >= r0) & (o_t < r0 + BC)
+            b_kg = (b_k * tl.exp2(tl.where((o_t < r0)[:, None], b_gr[None, :] - b_g, float("-inf")))).to(b_k.dtype)
+            b_dAs = tl.where(m_rows[:, None], b_dA, 0.0).to(b_k.dtype)
+            b_part = tl.dot(b_dAs, b_kg, input_precision=DOT_PREC)
+            b_dq += b_part * tl.exp2(tl.where(m_rows[:, None], b_g - b_gr[None, :], float("-inf")))
+    for s in tl.static_range(0, NC - 1):
+        c_end = t0 + s * BC + BC - 1
+        if c_end < last:
+            # keys of sub-chunk s against queries after it, around r = gamma at row c_end
+            b_gr = load_row(gamma + seq * K, c_end, i_k * BK, T, K, H * K, BK)
+            m_cols = (o_t > c_end - BC) & (o_t <= c_end)
+            b_qg = (b_q * tl.exp2(tl.where((o_t > c_end)[:, None], b_g - b_gr[None, :], float("-inf")))).to(b_q.dtype)
+            b_dAs = tl.where(m_cols[None, :], b_dA, 0.0).to(b_q.dtype)
+            b_part = tl.dot(tl.trans(b_dAs), b_qg, input_precision=DOT_PREC)
+            b_dk += b_part * tl.exp2(tl.where(m_cols[:, None], b_gr[None, :] - b_g, float("-inf")))
+
+    # --- intra-chunk, diagonal sub-chunk blocks, element by element
+    o_first = (o_i // BC) * BC  # first in-chunk row of each row's sub-chunk
+    b_qf = b_q.to(tl.float32)
+    b_kf = b_k.to(tl.float32)
+    for jj in range(BC):
+        o_p = o_first + jj  # partner position in the same sub-chunk
+        t_p = t0 + o_p
+        m_p = (t_p < T)[:, None] & m_k[None, :]
+        p_off = (seq + t_p.to(tl.int64) * H)[:, None] * K + o_k[None, :]
+        b_gp = tl.load(gamma + p_off, mask=m_p, other=0.0)
+        # dq_i += dA_ip k_p e^{gamma_i - gamma_p} for partners p <= i
+        b_dA_ip = tl.sum(tl.where(o_i[None, :] == o_p[:, None], b_dA, 0.0), axis=1)
+        b_kp = tl.load(k + p_off, mask=m_p, other=0.0).to(tl.float32)
+        m_le = (o_p <= o_i)[:, None] & m_p
+        b_dq += b_dA_ip[:, None] * b_kp * tl.exp2(tl.where(m_le, b_g - b_gp, float("-inf")))
+        # dk_j += dA_pj q_p e^{gamma_p - gamma_j} for partners p >= j
+        b_dA_pj = tl.sum(tl.where(o_i[:, None] == o_p[None, :], b_dA, 0.0), axis=0)
+        b_qp = tl.load(q + p_off, mask=m_p, other=0.0).to(tl.float32)
+        m_ge = (o_p >= o_i)[:, None] & m_p
+        b_dk += b_dA_pj[:, None] * b_qp * tl.exp2(tl.where(m_ge, b_gp - b_g, float("-inf")))
+
+    # --- combine, and the gate gradient
+    b_dq += b_dq_inter * tl.exp2(b_g) * scale
+    b_dk_inter *= tl.exp2(b_glast[None, :] - b_g)
+    b_dk += b_dk_inter
+    b_dG = b_qf * b_dq - b_kf * b_dk
+    # suffix beyond this chunk: <S', dS'> per channel, S' = e^{gamma_C} S + (K e^{gamma_C - gamma})^T V
+    b_after = tl.exp2(b_glast) * b_hdh + tl.sum(b_kf * b_dk_inter, axis=0)
+    b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + b_after[None, :]
+    store_tile(dq + seq * K, b_dq, t0, i_k * BK, T, K, H * K, BT, BK)
+    store_tile(dk + seq * K, b_dk, t0, i_k * BK, T, K, H * K, BT, BK)
+    store_tile(dg + seq * K, b_dg, t0, i_k * BK, T, K, H * K, BT, BK)
+
+
+def gla_bwd_dqkg(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+    h: torch.Tensor, dh: torch.Tensor, gamma: torch.Tensor, scale: float, chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk (q's dtype) and dg ([B, T, H, K] fp32, gradient of the natural-log gates).
+
+    q, k: [B, T, H, K]; v, do: [B, T, H, V]; h, dh: [B, H, NT, K, V] (states entering each
+    chunk, gradients of states leaving it); gamma: [B, T, H, K] fp32 log2 cumulative gates.
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BT = chunk_size
+    NT = triton.cdiv(T, BT)
+    BK, BV = block_size(K), block_size(V)
+    dq = new_buffer((B, T, H, K), q.dtype, q.device)
+    dk = new_buffer((B, T, H, K), k.dtype, k.device)
+    dg = new_buffer((B, T, H, K), torch.float32, q.device)
+    grid = (triton.cdiv(K, BK), NT, B * H)
+    gla_bwd_dqkg_kernel[grid](
+        q, k, v, gamma, h, do, dh, dq, dk, dg, scale, T, NT,
+        H=H, K=K, V=V, BT=BT, BC=min(SUB_CHUNK, BT), BK=BK, BV=BV,
+        DOT_PREC=dot_precision(q.dtype), num_warps=warps(8), num_stages=1,
+    )
+    return dq, dk, dg

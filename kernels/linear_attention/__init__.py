@@ -1,0 +1,71 @@
+"""Linear attention: h_t = h_{t-1} + k_t v_t^T, o_t = h_t^T (scale q_t) (DESIGN §3).
+
+Backends: reference (per-token recurrence), torch (chunked, autograd), triton.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.common.checks import check_qkv, check_state, default_scale
+from kernels.common.chunking import check_chunk_size
+from kernels.common.dispatch import resolve_backend
+from kernels.linear_attention.chunked import linear_attention_chunked
+from kernels.linear_attention.reference import linear_attention_reference
+from kernels.linear_attention.step import check_step_qkv, linear_attention_step_unchecked
+
+OP = "linear_attention"
+
+
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Causal linear attention.
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; scale multiplies q (default K ** -0.5);
+    initial_state: [B, H, K, V] or None (zeros). backend: "auto" | "reference" | "torch" |
+    "triton". Returns o: [B, T, H, V] in q's dtype and, if output_final_state, the final
+    state [B, H, K, V] (fp32; fp64 for fp64 inputs), else None.
+    """
+    B, T, H, K, V = check_qkv(OP, q, k, v)
+    check_state(OP, "initial_state", initial_state, (B, H, K, V))
+    scale = default_scale(OP, scale, K)
+    check_chunk_size(OP, chunk_size)
+    backend = resolve_backend(OP, backend, q.device)
+    if backend == "reference":
+        return linear_attention_reference(q, k, v, scale, initial_state, output_final_state)
+    if backend == "torch":
+        return linear_attention_chunked(q, k, v, scale, initial_state, output_final_state, chunk_size)
+    if backend == "triton":
+        from kernels.linear_attention.triton_op import linear_attention_triton  # lazy: triton is optional
+
+        return linear_attention_triton(
+            q, k, v, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, chunk_size=chunk_size,
+        )
+    raise AssertionError(f"resolve_backend returned an unhandled backend {backend!r}")
+
+
+def linear_attention_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    state: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding token. q_t, k_t: [B, H, K]; v_t: [B, H, V]; state: [B, H, K, V] or
+    None (zeros). Returns (o_t [B, H, V] in q_t's dtype, new state [B, H, K, V] fp32/fp64)."""
+    B, H, K, V = check_step_qkv(OP + "_step", q_t, k_t, v_t)
+    check_state(OP + "_step", "state", state, (B, H, K, V))
+    scale = default_scale(OP + "_step", scale, K)
+    return linear_attention_step_unchecked(q_t, k_t, v_t, state, scale)
+
+
+__all__ = ["linear_attention", "linear_attention_step"]

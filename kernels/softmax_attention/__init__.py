@@ -1,0 +1,71 @@
+"""Causal softmax attention, o_t = sum_{i<=t} softmax_i(scale q_t . k_i) v_i (DESIGN §3),
+with a KV cache as its state.
+
+Backends: reference (explicit masked softmax, fp32/fp64), torch (scaled_dot_product_attention),
+flash_attn (FlashAttention, CUDA, fp16/bf16). There is no triton backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.common.checks import check_qkv, default_scale
+from kernels.common.dispatch import resolve_backend
+from kernels.linear_attention.step import check_step_qkv
+from kernels.softmax_attention.cache import KVCache, check_kv_cache
+from kernels.softmax_attention.reference import softmax_attention_reference
+from kernels.softmax_attention.sdpa import softmax_attention_sdpa
+from kernels.softmax_attention.step import softmax_attention_step_unchecked
+
+OP = "softmax_attention"
+
+
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    initial_state: KVCache | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, KVCache | None]:
+    """Causal softmax attention.
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; scale multiplies q (default K ** -0.5);
+    initial_state: KVCache(k [B, S, H, K], v [B, S, H, V]) of S earlier tokens, which every
+    new query attends to in full, or None. backend: "auto" | "reference" | "torch" |
+    "flash_attn". Returns o: [B, T, H, V] in q's dtype and, if output_final_state, the
+    KVCache of all S + T tokens (in the dtype of k, v), else None.
+    """
+    B, T, H, K, V = check_qkv(OP, q, k, v)
+    check_kv_cache(OP, "initial_state", initial_state, B, H, K, V)
+    scale = default_scale(OP, scale, K)
+    backend = resolve_backend(OP, backend, q.device, q.dtype)
+    if backend == "reference":
+        return softmax_attention_reference(q, k, v, scale, initial_state, output_final_state)
+    if backend == "torch":
+        return softmax_attention_sdpa(q, k, v, scale, initial_state, output_final_state)
+    if backend == "flash_attn":
+        from kernels.softmax_attention.flash import softmax_attention_flash
+
+        return softmax_attention_flash(q, k, v, scale, initial_state, output_final_state)
+    raise AssertionError(f"resolve_backend returned an unhandled backend {backend!r}")
+
+
+def softmax_attention_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    state: KVCache | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, KVCache]:
+    """One decoding token. q_t, k_t: [B, H, K]; v_t: [B, H, V]; state: KVCache of S tokens
+    or None. Returns (o_t [B, H, V] in q_t's dtype, KVCache of S + 1 tokens)."""
+    op = OP + "_step"
+    B, H, K, V = check_step_qkv(op, q_t, k_t, v_t)
+    check_kv_cache(op, "state", state, B, H, K, V)
+    scale = default_scale(op, scale, K)
+    return softmax_attention_step_unchecked(q_t, k_t, v_t, state, scale)
+
+
+__all__ = ["KVCache", "softmax_attention", "softmax_attention_step"]
