@@ -1,0 +1,252 @@
+"""Speed of the Triton linear attention / GLA kernels, side by side with FLA 0.6.0.
+
+    python benchmarks/bench_linear_gla.py --out results/bench/h200_linear_gla.json
+
+Shapes (DESIGN §9, anchors/): B*T = 65,536 tokens, H = 16, K = V = 128, bf16, T in
+{2048, 8192, 32768}; l2-normalised keys, gates logsigmoid(N(4, 1)). Times are medians of
+triton.testing.do_bench (ms) of the Triton entry points (validation skipped on both sides),
+forward and forward+backward (random output gradient), with ratios ours / FLA. FLA is a
+comparison only (`fla.ops.linear_attn.chunk_linear_attn(normalize=False)`,
+`fla.ops.simple_gla.chunk_simple_gla`, `fla.ops.gla.chunk_gla`); where it raises, the error
+is recorded. Also: rel. difference of our outputs/gradients to FLA's, and the fused decode
+step against the PyTorch step. The JSON is rewritten after every measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TOKENS, H, D = 65536, 16, 128
+OPS = ("linear", "gla_scalar", "gla_vector")
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def make_inputs(T: int, op: str, seed: int = 0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    B = TOKENS // T
+    q = torch.randn(B, T, H, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+    k = F.normalize(torch.randn(B, T, H, D, device="cuda", generator=gen), dim=-1).bfloat16()
+    v = torch.randn(B, T, H, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+    g = None
+    if op != "linear":
+        shape = (B, T, H, D) if op == "gla_vector" else (B, T, H)
+        g = F.logsigmoid(torch.randn(shape, device="cuda", generator=gen) + 4.0)
+    return q, k, v, g
+
+
+def ours(op: str):
+    from kernels.gated_linear_attention.triton_op import gated_linear_attention_triton
+    from kernels.linear_attention.triton_op import linear_attention_triton
+
+    if op == "linear":
+        return lambda q, k, v, g: linear_attention_triton(q, k, v, scale=D**-0.5)
+    return lambda q, k, v, g: gated_linear_attention_triton(q, k, v, g, scale=D**-0.5)
+
+
+def fla_impl(op: str):
+    if op == "linear":
+        from fla.ops.linear_attn import chunk_linear_attn
+
+        return lambda q, k, v, g: chunk_linear_attn(q, k, v, scale=D**-0.5, normalize=False)
+    if op == "gla_scalar":
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        return lambda q, k, v, g: chunk_simple_gla(q, k, v, g=g, scale=D**-0.5)
+    from fla.ops.gla import chunk_gla
+
+    return lambda q, k, v, g: chunk_gla(q, k, v, g=g, scale=D**-0.5)
+
+
+def time_one(fn, q, k, v, g, do):
+    """(fwd ms, fwd+bwd ms or error, peak extra MiB, outputs, grads)."""
+    from triton.testing import do_bench
+
+    row = {}
+    with torch.no_grad():
+        o_fwd = fn(q, k, v, g)[0]
+        row["fwd_ms"] = do_bench(lambda: fn(q, k, v, g), warmup=25, rep=100, return_mode="median")
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, g) if t is not None]
+    args = leaves + ([None] if g is None else [])
+    grads = None
+    try:
+        def fwd_bwd():
+            fn(*args)[0].backward(do)
+
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fwd_bwd()
+        torch.cuda.synchronize()
+        row["peak_extra_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        grads = [t.grad.detach().clone() for t in leaves]
+        row["fwdbwd_ms"] = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
+    except Exception as exc:  # FLA refuses some backwards on this Triton: record why
+        row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+    return row, o_fwd, grads
+
+
+def bench_step(results: dict) -> None:
+    """Fused Triton decode step vs the PyTorch step, B = 32, H = 16, K = V = 128, fp32 state."""
+    from triton.testing import do_bench
+
+    from kernels.gated_linear_attention.step import gated_linear_attention_step_unchecked
+    from kernels.gated_linear_attention.triton_step import fused_step
+    from kernels.linear_attention.step import linear_attention_step_unchecked
+
+    B = 32
+    q, k, v = (torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    state = torch.randn(B, H, D, D, device="cuda")
+    for op in OPS:
+        g = None
+        if op != "linear":
+            g = F.logsigmoid(torch.randn((B, H, D) if op == "gla_vector" else (B, H), device="cuda") + 4.0)
+        if g is None:
+            torch_step = lambda: linear_attention_step_unchecked(q, k, v, state, D**-0.5)  # noqa: E731
+        else:
+            torch_step = lambda: gated_linear_attention_step_unchecked(q, k, v, g, state, D**-0.5)  # noqa: E731
+        triton_step = lambda: fused_step(q, k, v, g, state, D**-0.5)  # noqa: E731
+        ms_torch = do_bench(torch_step, warmup=25, rep=100, return_mode="median")
+        ms_triton = do_bench(triton_step, warmup=25, rep=100, return_mode="median")
+        diff = rel_diff(triton_step()[1], torch_step()[1])
+        results["decode_step"].append({
+            "op": op, "B": B, "H": H, "K": D, "V": D, "torch_ms": ms_torch, "triton_ms": ms_triton,
+            "ratio_triton_over_torch": ms_triton / ms_torch, "state_rel_diff": diff,
+        })
+
+
+def bench_breakdown(results: dict, T: int) -> None:
+    """Median time of each kernel of our pipeline at one T (where the time goes)."""
+    from triton.testing import do_bench
+
+    from kernels.common.triton.cumsum import chunk_local_cumsum
+    from kernels.common.triton.grad_qk import chunk_bwd_dqk
+    from kernels.common.triton.output import chunk_bwd_dv, chunk_fwd_output
+    from kernels.common.triton.states import chunk_bwd_states, chunk_fwd_states
+    from kernels.common.triton.utils import LOG2E
+    from kernels.gated_linear_attention.triton_function import gate_mode
+    from kernels.gated_linear_attention.triton_vector import gla_bwd_dqkg, gla_intra_A
+
+    BT, scale = 64, D**-0.5
+    for op in OPS:
+        q, k, v, g = make_inputs(T, op, seed=1)
+        do = torch.randn_like(v)
+        gate = gate_mode(g)
+        gamma = chunk_local_cumsum(g, BT, LOG2E) if g is not None else None
+        h, _ = chunk_fwd_states(k, v, gamma, gate, None, False, BT)
+        A = gla_intra_A(q, k, gamma, scale, BT) if op == "gla_vector" else None
+        dh, _ = chunk_bwd_states(q, do, gamma, gate, None, False, scale, BT)
+        steps = {
+            "fwd_states": lambda: chunk_fwd_states(k, v, gamma, gate, None, False, BT),
+            "fwd_output": lambda: chunk_fwd_output(q, k, v, h, gamma, gate, A, scale, BT),
+            "bwd_states": lambda: chunk_bwd_states(q, do, gamma, gate, None, False, scale, BT),
+            "bwd_dv": lambda: chunk_bwd_dv(q, k, do, dh, gamma, gate, A, scale, BT),
+        }
+        if g is not None:
+            steps["cumsum"] = lambda: chunk_local_cumsum(g, BT, LOG2E)
+        if op == "gla_vector":
+            steps["intra_A"] = lambda: gla_intra_A(q, k, gamma, scale, BT)
+            steps["bwd_dqkg"] = lambda: gla_bwd_dqkg(q, k, v, do, h, dh, gamma, scale, BT)
+        else:
+            steps["bwd_dqk"] = lambda: chunk_bwd_dqk(q, k, v, do, h, dh, gamma, gate, scale, BT)
+        row = {"op": op, "T": T, "B": TOKENS // T}
+        for name, fn in steps.items():
+            row[name + "_ms"] = do_bench(fn, warmup=10, rep=50, return_mode="median")
+        results["breakdown"].append(row)
+        del q, k, v, g, do, gamma, h, A, dh
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 32768])
+    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    parser.add_argument("--fla-ops", nargs="*", default=list(OPS), choices=OPS,
+                        help="ops timed with FLA too (none: ours only)")
+    parser.add_argument("--no-step", action="store_true")
+    parser.add_argument("--breakdown-T", type=int, default=8192, help="T of the per-kernel breakdown (0: none)")
+    args = parser.parse_args()
+
+    import triton
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
+    try:
+        import fla
+
+        versions["fla"] = getattr(fla, "__version__", "?")
+    except ImportError:
+        args.fla_ops = []
+    results = {
+        "what": "Triton linear attention / GLA (this repo) vs FLA chunk kernels; medians of "
+        "triton.testing.do_bench in ms; B*T = 65536, H = 16, K = V = 128, bf16",
+        "device": torch.cuda.get_device_name(), "versions": versions,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": [], "decode_step": [], "breakdown": [],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        args.out.write_text(json.dumps(results, indent=1))
+
+    for T in args.T:
+        for op in args.ops:
+            q, k, v, g = make_inputs(T, op, seed=T)
+            do = torch.randn_like(v)
+            row = {"op": op, "B": TOKENS // T, "T": T, "H": H, "K": D, "V": D}
+            r_ours, o_ours, g_ours = time_one(ours(op), q, k, v, g, do)
+            row["ours"] = r_ours
+            results["rows"].append(row)
+            save()  # ours first: FLA's autotuning (chunk_gla: minutes) may outlast the run
+            print(json.dumps(row), flush=True)
+            if op in args.fla_ops:
+                r_fla, o_fla, g_fla = time_one(fla_impl(op), q, k, v, g, do)
+                row["fla"] = r_fla
+                row["o_rel_diff_vs_fla"] = rel_diff(o_ours, o_fla)
+                if g_ours is not None and g_fla is not None:
+                    names = ["dq", "dk", "dv", "dg"]
+                    row["grad_rel_diff_vs_fla"] = {n: rel_diff(a, b) for n, a, b in zip(names, g_ours, g_fla)}
+                for mode in ("fwd_ms", "fwdbwd_ms"):
+                    if mode in r_ours and mode in r_fla:
+                        row[f"ratio_{mode[:-3]}"] = r_ours[mode] / r_fla[mode]
+                save()
+                print(json.dumps(row), flush=True)
+            del q, k, v, g, do, o_ours, g_ours
+            torch.cuda.empty_cache()
+    if not args.no_step:
+        bench_step(results)
+        save()
+    if args.breakdown_T:
+        bench_breakdown(results, args.breakdown_T)
+        save()
+
+    print(f"\n{'op':<11}{'T':>6} | {'ours fwd':>9}{'FLA fwd':>9}{'ratio':>7} | {'ours f+b':>9}{'FLA f+b':>9}{'ratio':>7}")
+    for row in results["rows"]:
+        o, f = row["ours"], row.get("fla", {})
+        cells = [f"{row['op']:<11}{row['T']:>6} |"]
+        for mode in ("fwd_ms", "fwdbwd_ms"):
+            ratio = row.get(f"ratio_{mode[:-3]}")
+            cells.append(f"{o.get(mode, float('nan')):>9.3f}{f.get(mode, float('nan')):>9.3f}"
+                         f"{(ratio if ratio is not None else float('nan')):>7.2f} |")
+        print("".join(cells) + (" FLA: " + f["error"][:60] if "error" in f else ""))
+    for b in results["breakdown"]:
+        print("breakdown " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in b.items()))
+    for s in results["decode_step"]:
+        print(f"decode {s['op']:<11} torch {s['torch_ms']*1e3:7.1f} us  triton {s['triton_ms']*1e3:7.1f} us  "
+              f"ratio {s['ratio_triton_over_torch']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

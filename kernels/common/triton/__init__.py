@@ -1,0 +1,14 @@
+"""Triton building blocks shared by the chunkwise kernels of the linear-attention family.
+
+Every kernel here works on the FLA layout (q, k: [B, T, H, K]; v: [B, T, H, V]) split into
+chunks of BT tokens (DESIGN §10), and on cumulative log-gates in log2 units (so kernels
+use exp2): gamma = chunk_local_cumsum(g, BT, scale=LOG2E).
+
+    utils.py     buffers (NaN-poisoned on request), block sizes, gate modes, dot precision
+    cumsum.py    chunk-local (reverse) cumulative sum of log-gates, scalar or vector
+    states.py    state passing across chunks: forward (h per chunk) and backward (dh per chunk)
+    output.py    o = (Q e^gamma) S + A V per chunk, and dv = A^T dO + (K e^(gamma_C-gamma)) dS'
+    grad_qk.py   dq, dk (and the per-token gate gradient) for ungated / scalar-gated chunks
+
+Importing this package imports triton: callers import it lazily (triton is optional).
+"""

@@ -1,0 +1,59 @@
+"""Chunk-local cumulative sum of log-gates (DESIGN §10: gamma_i = g_1 + ... + g_i in a chunk).
+
+    chunk_local_cumsum(g, chunk_size, scale=LOG2E, reverse=False) -> fp32, same shape as g
+
+g: [B, T, H] (scalar gate) or [B, T, H, D] (vector gate). The sum restarts at every chunk
+of `chunk_size` tokens; the last chunk may be partial. `scale` multiplies the result
+(LOG2E turns natural-log gates into log2 units for exp2 in the kernels); reverse=True sums
+from the end of each chunk (gamma_i = g_i + ... + g_last), which backward passes use.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.triton.tiles import load_tile, store_tile
+from kernels.common.triton.utils import LOG2E, block_size, new_buffer
+
+
+@triton.jit
+def chunk_local_cumsum_kernel(
+    g, out, scale, T,
+    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    VECTOR: tl.constexpr, REVERSE: tl.constexpr,
+):
+    i_t, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    # row 0 of this (batch, head) sequence, in elements of a [B, T, H] tensor
+    seq = i_b.to(tl.int64) * T * H + i_h
+    o_t = i_t * BT + tl.arange(0, BT)
+    if VECTOR:
+        b_g = load_tile(g + seq * D, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
+        b_o = tl.cumsum(b_g, axis=0, reverse=REVERSE) * scale
+        store_tile(out + seq * D, b_o, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+    else:
+        b_g = tl.load(g + seq + o_t * H, mask=o_t < T, other=0.0).to(tl.float32)
+        b_o = tl.cumsum(b_g, axis=0, reverse=REVERSE) * scale
+        tl.store(out + seq + o_t * H, b_o, mask=o_t < T)
+
+
+def chunk_local_cumsum(
+    g: torch.Tensor, chunk_size: int, scale: float = LOG2E, reverse: bool = False
+) -> torch.Tensor:
+    """Cumulative sum of g within each chunk of `chunk_size` tokens, times `scale`.
+
+    g: [B, T, H] or [B, T, H, D], any float dtype, contiguous. Returns fp32 of g's shape.
+    Zero padding past T is neutral, so a partial last chunk needs no special case.
+    """
+    vector = g.dim() == 4
+    B, T, H = g.shape[:3]
+    D = g.shape[3] if vector else 1
+    BD = block_size(D) if vector else 1
+    out = new_buffer(tuple(g.shape), torch.float32, g.device)
+    grid = (triton.cdiv(T, chunk_size), triton.cdiv(D, BD), B * H)
+    chunk_local_cumsum_kernel[grid](
+        g, out, scale, T, H=H, D=D, BT=chunk_size, BD=BD, VECTOR=vector, REVERSE=reverse,
+    )
+    return out

@@ -1,0 +1,48 @@
+"""Masked 2-D tile loads and stores on row-major matrices (plain pointers: block pointers
+are gone from recent Triton, and tensor descriptors need TMA-aligned shapes).
+
+A matrix here is `ptr` with n_rows x n_cols elements, rows `stride` elements apart: e.g.
+one head's keys are k + ((b*T*H + h) * K) with n_rows = T, n_cols = K, stride = H*K.
+Out-of-range elements load as zero and are not stored.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_tile(ptr, row0, col0, n_rows, n_cols, stride, BR: tl.constexpr, BCOL: tl.constexpr):
+    """Rows row0..row0+BR-1, columns col0..col0+BCOL-1: a [BR, BCOL] tile."""
+    o_r = row0 + tl.arange(0, BR)
+    o_c = col0 + tl.arange(0, BCOL)
+    m = (o_r < n_rows)[:, None] & (o_c < n_cols)[None, :]
+    return tl.load(ptr + o_r.to(tl.int64)[:, None] * stride + o_c[None, :], mask=m, other=0.0)
+
+
+@triton.jit
+def load_tile_t(ptr, row0, col0, n_rows, n_cols, stride, BR: tl.constexpr, BCOL: tl.constexpr):
+    """The same tile as load_tile, transposed: [BCOL, BR]."""
+    o_r = row0 + tl.arange(0, BR)
+    o_c = col0 + tl.arange(0, BCOL)
+    m = (o_r < n_rows)[None, :] & (o_c < n_cols)[:, None]
+    return tl.load(ptr + o_r.to(tl.int64)[None, :] * stride + o_c[:, None], mask=m, other=0.0)
+
+
+@triton.jit
+def store_tile(ptr, value, row0, col0, n_rows, n_cols, stride, BR: tl.constexpr, BCOL: tl.constexpr):
+    """Store a [BR, BCOL] tile (cast to the pointer's dtype) where it lies inside the matrix."""
+    o_r = row0 + tl.arange(0, BR)
+    o_c = col0 + tl.arange(0, BCOL)
+    m = (o_r < n_rows)[:, None] & (o_c < n_cols)[None, :]
+    tl.store(ptr + o_r.to(tl.int64)[:, None] * stride + o_c[None, :], value.to(ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def load_row(ptr, row, col0, n_rows, n_cols, stride, BCOL: tl.constexpr):
+    """One row (a [BCOL] vector), zeros outside the matrix."""
+    o_c = col0 + tl.arange(0, BCOL)
+    # row broadcast to the vector's shape: a scalar-and-vector mask trips the interpreter
+    m = (o_c < n_cols) & ((o_c * 0 + row) < n_rows)
+    return tl.load(ptr + row.to(tl.int64) * stride + o_c, mask=m, other=0.0)

@@ -1,0 +1,141 @@
+"""Triton linear attention and GLA on a CUDA GPU at real shapes (DESIGN §9).
+
+bf16 at T up to 32k with K = V = 128, fp32 and fp16 at moderate T, gates near zero and
+strongly negative; outputs, final states and every gradient (q, k, v, g, initial state)
+checked one by one against the chunked PyTorch form run in fp64 on the same GPU (the
+per-token loop is too slow at these lengths). The gated backward is checked gradient by
+gradient: FLA refuses its own on Triton 3.6 / Hopper for a miscompilation.
+
+Skipped without CUDA, and in a session where TRITON_INTERPRET is set (run tests/gpu in a
+pytest session of its own). Each case prints its errors (run with -s to see them).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.util import TOL, rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+        reason="TRITON_INTERPRET is set in this session; run tests/gpu on its own",
+    ),
+]
+
+pytest.importorskip("triton")
+
+
+def make_inputs(B, T, H, K, V, dtype, gate, gate_kind, seed):
+    """q, k (l2-normalised keys, as models use), v, g and h0 on the GPU.
+
+    gate: "none" | "scalar" | "vector"; gate_kind: "near0" (logsigmoid(N(4, 1)), decays
+    around 0.98) or "strong" (uniform in [-12, 0] per token: a chunk sums to hundreds)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    q = torch.randn(B, T, H, K, device=dev, generator=gen).to(dtype)
+    k = F.normalize(torch.randn(B, T, H, K, device=dev, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(B, T, H, V, device=dev, generator=gen).to(dtype)
+    tensors = {"q": q, "k": k, "v": v}
+    if gate != "none":
+        shape = (B, T, H, K) if gate == "vector" else (B, T, H)
+        if gate_kind == "near0":
+            g = F.logsigmoid(torch.randn(shape, device=dev, generator=gen) + 4.0)
+        else:
+            g = -12.0 * torch.rand(shape, device=dev, generator=gen)
+        tensors["g"] = g.float()
+    h0 = torch.randn(B, H, K, V, device=dev, generator=gen)
+    return tensors, h0
+
+
+def check_against_fp64(tensors, h0, tol, chunk_size=64, label=""):
+    from kernels.gated_linear_attention import gated_linear_attention
+    from kernels.linear_attention import linear_attention
+
+    op = gated_linear_attention if "g" in tensors else linear_attention
+    leaves = dict(tensors, initial_state=h0)
+    ours = {n: t.detach().clone().requires_grad_(True) for n, t in leaves.items()}
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    # poison: every buffer the wrappers allocate starts as NaN
+    from kernels.common.triton import utils
+
+    utils.DEBUG.poison = True
+    try:
+        o, ht = op(**ours, output_final_state=True, backend="triton", chunk_size=chunk_size)
+        gen = torch.Generator(device="cuda").manual_seed(1234)
+        do = torch.randn(o.shape, device="cuda", generator=gen).to(o.dtype)
+        dht = torch.randn(ht.shape, device="cuda", generator=gen)
+        grads = torch.autograd.grad((o, ht), list(ours.values()), (do, dht))
+    finally:
+        utils.DEBUG.poison = False
+    o_ref, ht_ref = op(**ref, output_final_state=True, backend="torch", chunk_size=chunk_size)
+    grads_ref = torch.autograd.grad((o_ref, ht_ref), list(ref.values()), (do.double(), dht.double()))
+    errors = {"o": rel_err(o, o_ref), "final_state": rel_err(ht, ht_ref)}
+    for name, g, g_ref in zip(ours, grads, grads_ref):
+        errors["d" + name] = rel_err(g, g_ref)
+    print(f"\nGPU-ERR {label}: " + " ".join(f"{n}={e:.2e}" for n, e in errors.items()))
+    return errors
+
+
+def assert_each(errors, tol):
+    for name, err in errors.items():
+        assert err < tol, f"{name}: rel_err {err:.3e} >= {tol:g} (all: {errors})"
+
+
+@pytest.mark.parametrize(
+    "gate, gate_kind, T",
+    [
+        ("none", "-", 32768),
+        ("scalar", "near0", 32768),
+        ("scalar", "strong", 8192),
+        ("vector", "near0", 32768),
+        ("vector", "strong", 8192),
+    ],
+)
+def test_bf16_long_sequences(gate, gate_kind, T):
+    tensors, h0 = make_inputs(1, T, 2, 128, 128, torch.bfloat16, gate, gate_kind, seed=T + len(gate_kind))
+    errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 T={T} gate={gate}/{gate_kind}")
+    assert_each(errors, TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
+@pytest.mark.parametrize("K, V, T", [(128, 128, 1000), (100, 60, 777)])
+def test_fp32(gate, K, V, T):
+    tensors, h0 = make_inputs(2, T, 3, K, V, torch.float32, gate, "near0", seed=K + T)
+    errors = check_against_fp64(tensors, h0, TOL[torch.float32], label=f"fp32 T={T} K={K} V={V} gate={gate}")
+    assert_each(errors, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("gate", ["scalar", "vector"])
+def test_fp16_and_large_head_dims(gate):
+    tensors, h0 = make_inputs(1, 1500, 2, 256, 256, torch.float16, gate, "near0", seed=3)
+    errors = check_against_fp64(tensors, h0, TOL[torch.float16], label=f"fp16 K=V=256 gate={gate}")
+    assert_each(errors, TOL[torch.float16])
+
+
+@pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
+def test_fused_decode_step(gate):
+    from kernels.gated_linear_attention.step import gated_linear_attention_step_unchecked
+    from kernels.gated_linear_attention.triton_step import fused_step
+    from kernels.linear_attention.step import linear_attention_step_unchecked
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    B, H, K, V = 4, 8, 128, 128
+    q, k, v = (torch.randn(B, H, d, device="cuda", generator=gen).bfloat16() for d in (K, K, V))
+    state = torch.randn(B, H, K, V, device="cuda", generator=gen)
+    g = None
+    if gate != "none":
+        g = F.logsigmoid(torch.randn((B, H, K) if gate == "vector" else (B, H), device="cuda", generator=gen))
+    o, h = fused_step(q, k, v, g, state, K**-0.5)
+    if g is None:
+        o_ref, h_ref = linear_attention_step_unchecked(q, k, v, state, K**-0.5)
+    else:
+        o_ref, h_ref = gated_linear_attention_step_unchecked(q, k, v, g, state, K**-0.5)
+    assert rel_err(h, h_ref) < TOL[torch.float32]
+    assert rel_err(o, o_ref) < TOL[torch.bfloat16]

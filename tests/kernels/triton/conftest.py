@@ -1,0 +1,58 @@
+"""Triton kernel tests on the CPU: TRITON_INTERPRET=1 must be set before triton is imported
+(kernels decorated while it is unset would compile for a GPU), so it is set here, at
+collection. Run GPU tests (tests/gpu) in a separate pytest session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.util import rel_err  # noqa: E402
+
+pytest.importorskip("triton")
+
+
+@pytest.fixture(autouse=True)
+def poison_triton_buffers(monkeypatch):
+    """Every buffer the Triton wrappers allocate starts as NaN: an element a kernel fails to
+    write can never pass a comparison."""
+    from kernels.common.triton import utils
+
+    monkeypatch.setattr(utils.DEBUG, "poison", True)
+
+
+def compare_with_reference(op, tensors: dict, initial_state, tol: float, chunk_size: int = 64, seed: int = 0):
+    """Run `op` with backend="triton" and with backend="reference" on fp64 copies of the same
+    inputs; check o, the final state and the gradient of every input (random output and
+    final-state cotangents) by rel_err against the fp64 reference. Returns the errors."""
+    leaves = dict(tensors)
+    if initial_state is not None:
+        leaves["initial_state"] = initial_state
+    ours = {name: t.detach().clone().requires_grad_(True) for name, t in leaves.items()}
+    ref = {name: t.detach().double().requires_grad_(True) for name, t in leaves.items()}
+    o, ht = op(**ours, output_final_state=True, backend="triton", chunk_size=chunk_size)
+    o_ref, ht_ref = op(**ref, output_final_state=True, backend="reference")
+    assert o.dtype == tensors["q"].dtype and o.shape == o_ref.shape
+    state_dtype = torch.float64 if tensors["q"].dtype == torch.float64 else torch.float32
+    assert ht.dtype == state_dtype and ht.shape == ht_ref.shape
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(o.shape, generator=gen).to(o.dtype)
+    dht = torch.randn(ht.shape, generator=gen).to(ht.dtype)
+    grads = torch.autograd.grad((o, ht), list(ours.values()), (do, dht))
+    grads_ref = torch.autograd.grad((o_ref, ht_ref), list(ref.values()), (do.double(), dht.double()))
+    errors = {"o": rel_err(o, o_ref), "final_state": rel_err(ht, ht_ref)}
+    for name, grad, grad_ref, leaf in zip(ours, grads, grads_ref, ours.values()):
+        assert grad.dtype == leaf.dtype and grad.shape == leaf.shape, name
+        errors["d" + name] = rel_err(grad, grad_ref)
+    bad = {name: err for name, err in errors.items() if not err < tol}
+    assert not bad, f"errors over {tol:g}: {bad} (all: {errors})"
+    return errors
+
+
+@pytest.fixture
+def compare():
+    return compare_with_reference

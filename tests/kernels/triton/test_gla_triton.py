@@ -1,0 +1,90 @@
+"""Triton gated linear attention (scalar gate [B, T, H] and vector gate [B, T, H, K])
+against the per-token reference, on the CPU interpreter.
+
+Outputs, final states and the gradients of q, k, v, g and the initial state; fp32 (and
+fp16) inputs, awkward T, gates near zero and strongly negative; every buffer the kernels
+write starts as NaN (conftest)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.gated_linear_attention import gated_linear_attention
+from tests.util import TOL
+
+
+def make_inputs(B, T, H, K, V, dtype, vector, gate_scale=1.0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen).to(dtype)
+    k = torch.randn(B, T, H, K, generator=gen).to(dtype)
+    v = torch.randn(B, T, H, V, generator=gen).to(dtype)
+    gate_shape = (B, T, H, K) if vector else (B, T, H)
+    # logsigmoid of a shifted normal: decays mostly close to 1, some much smaller
+    g = (F.logsigmoid(torch.randn(gate_shape, generator=gen) + 2.0) * gate_scale).to(dtype)
+    h0 = torch.randn(B, H, K, V, generator=gen)
+    return {"q": q, "k": k, "v": v, "g": g}, h0
+
+
+SHAPES = [
+    (1, 1, 2, 16, 16),
+    (1, 63, 2, 16, 32),
+    (1, 64, 1, 32, 16),
+    (2, 100, 1, 32, 32),
+]
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["scalar", "vector"])
+@pytest.mark.parametrize("B, T, H, K, V", SHAPES)
+def test_matches_reference_fp32(compare, vector, B, T, H, K, V):
+    tensors, h0 = make_inputs(B, T, H, K, V, torch.float32, vector, seed=T + vector)
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["scalar", "vector"])
+def test_matches_reference_fp16(compare, vector):
+    tensors, h0 = make_inputs(1, 100, 1, 32, 16, torch.float16, vector, seed=9)
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float16])
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["scalar", "vector"])
+def test_strongly_negative_gates(compare, vector):
+    """Gates down to about -40 per token: a chunk's cumulative gate reaches -2000, far past
+    where e^{-gamma} overflows fp32. Nothing may overflow, and decays that small must still
+    give the reference's answer."""
+    tensors, h0 = make_inputs(1, 80, 1, 16, 16, torch.float32, vector, gate_scale=20.0, seed=4)
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+
+
+def test_gates_near_zero(compare):
+    tensors, h0 = make_inputs(1, 70, 1, 16, 16, torch.float32, vector=True, gate_scale=1e-4, seed=6)
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+
+
+def test_scalar_gate_chunk_32_odd_dims(compare):
+    tensors, h0 = make_inputs(1, 75, 1, 20, 24, torch.float32, vector=False, seed=8)
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=32)
+
+
+@pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
+def test_fused_decode_step_matches_torch_step(gate):
+    from kernels.gated_linear_attention.step import gated_linear_attention_step_unchecked
+    from kernels.gated_linear_attention.triton_step import fused_step
+    from kernels.linear_attention.step import linear_attention_step_unchecked
+    from tests.util import rel_err
+
+    gen = torch.Generator().manual_seed(12)
+    B, H, K, V = 2, 3, 20, 24
+    q, k = torch.randn(B, H, K, generator=gen), torch.randn(B, H, K, generator=gen)
+    v = torch.randn(B, H, V, generator=gen)
+    state = torch.randn(B, H, K, V, generator=gen)
+    g = None if gate == "none" else F.logsigmoid(torch.randn((B, H, K) if gate == "vector" else (B, H), generator=gen))
+    o, h = fused_step(q, k, v, g, state, 0.3)
+    if g is None:
+        o_ref, h_ref = linear_attention_step_unchecked(q, k, v, state, 0.3)
+    else:
+        o_ref, h_ref = gated_linear_attention_step_unchecked(q, k, v, g, state, 0.3)
+    assert rel_err(o, o_ref) < TOL[torch.float32] and rel_err(h, h_ref) < TOL[torch.float32]
+    o0, h0 = fused_step(q, k, v, g, None, 0.3)  # no state: h' = k v^T
+    assert rel_err(h0, k[..., :, None] * v[..., None, :]) < TOL[torch.float32]
