@@ -1,0 +1,65 @@
+"""DeltaNet (the delta rule): the public op, its checks and backend dispatch."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.common.checks import check_beta, check_qkv, check_state, default_scale
+from kernels.common.chunking import check_chunk_size
+from kernels.common.dispatch import resolve_backend
+from kernels.delta_rule.chunked import chunk_delta_rule
+from kernels.delta_rule.reference import delta_rule_reference
+from kernels.delta_rule.step import delta_rule_step
+
+__all__ = ["delta_rule", "delta_rule_step"]
+
+
+def delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """DeltaNet, per head: h_t = (I - beta_t k_t k_t^T) h_{t-1} + beta_t k_t v_t^T,
+    o_t = h_t^T (scale q_t).
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] in (0, 1]; scale defaults to
+    K ** -0.5; initial_state: [B, H, K, V]. Returns o: [B, T, H, V] in the input dtype and
+    the final state [B, H, K, V] (fp32, fp64 for fp64 inputs) when output_final_state,
+    else None.
+
+    Keys need not be unit norm. The transition I - beta_t k_t k_t^T is a contraction iff
+    0 <= beta_t ||k_t||^2 <= 2; beyond that the state (and the chunked form's triangular
+    inverse) can grow without bound. L2-normalised keys with beta in (0, 1] are always safe.
+
+    backend: "auto" (triton on CUDA, torch elsewhere), "reference" (per-token loop),
+    "torch" (chunkwise, autograd) or "triton"; chunk_size is the chunk length of the
+    chunkwise backends.
+    """
+    op = "delta_rule"
+    B, T, H, K, V = check_qkv(op, q, k, v)
+    check_beta(op, beta, B, T, H)
+    check_state(op, "initial_state", initial_state, (B, H, K, V))
+    check_chunk_size(op, chunk_size)
+    scale = default_scale(op, scale, K)
+    backend = resolve_backend(op, backend, q.device)
+    if backend == "reference":
+        return delta_rule_reference(
+            q, k, v, beta, scale, initial_state=initial_state, output_final_state=output_final_state
+        )
+    if backend == "torch":
+        return chunk_delta_rule(
+            q, k, v, beta, scale, initial_state=initial_state,
+            output_final_state=output_final_state, chunk_size=chunk_size,
+        )
+    from kernels.delta_rule.triton_op import delta_rule_triton  # lazy: triton is optional
+
+    return delta_rule_triton(
+        q, k, v, beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, chunk_size=chunk_size,
+    )

@@ -1,0 +1,72 @@
+"""Linearized softmax attention as a gated delta rule (DESIGN §7), and its VaLA baseline:
+the public ops, their checks and backend dispatch."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.common.checks import check_qkv, default_scale
+from kernels.common.chunking import check_chunk_size
+from kernels.common.dispatch import resolve_backend
+from kernels.linearized_softmax_gdn.chunked import chunk_linearized_softmax_gdn
+from kernels.linearized_softmax_gdn.reference import linearized_softmax_gdn_reference
+from kernels.linearized_softmax_gdn.state import LinGDNState, check_lin_state
+from kernels.linearized_softmax_gdn.step import linearized_softmax_gdn_step
+from kernels.linearized_softmax_gdn.vala import vala_attention
+
+__all__ = ["LinGDNState", "linearized_softmax_gdn", "linearized_softmax_gdn_step", "vala_attention"]
+
+
+def linearized_softmax_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    initial_state: LinGDNState | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, LinGDNState | None]:
+    """Softmax attention linearized into a gated delta rule (DESIGN §7, seed 000):
+
+        kbar_t, vbar_t = running means of k, v (vbar_0 = 0)
+        u_t = k_t - kbar_t,  w_t = v_t - vbar_{t-1}
+        h_t = ((1 - 1/t) I - (1/t) u_t u_t^T) h_{t-1} + (1/t) u_t w_t^T
+        o_t = h_t^T (scale q_t) + vbar_t
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; scale defaults to K ** -0.5 (it scales q only:
+    the keys enter unscaled, as in §7). initial_state: LinGDNState(h, k_sum, v_sum, count)
+    continuing a previous call (count = tokens already seen; count 0 means empty).
+    Returns o: [B, T, H, V] in the input dtype and, when output_final_state, the
+    LinGDNState after the last token (fp32 tensors, fp64 for fp64 inputs), else None.
+
+    No trained gates: a softmax model's q, k, v can be fed as they are. Stability: the
+    transition is (1 - 1/t)(I - beta_t u_t u_t^T) with beta_t = 1/(t - 1); it is a
+    contraction iff ||k_t - kbar_t||^2 <= 2 (t - 1). Raw keys of norm well above 1 break
+    this for the first tokens and the state grows there (a caller may split the logit scale
+    symmetrically: q * scale ** 0.5 and k * scale ** 0.5 with scale=1).
+
+    backend: "auto" (triton on CUDA, torch elsewhere), "reference" (the §7 loop), "torch"
+    (the chunked gated delta rule after preprocessing) or "triton".
+    """
+    op = "linearized_softmax_gdn"
+    B, T, H, K, V = check_qkv(op, q, k, v)
+    check_lin_state(op, "initial_state", initial_state, B, H, K, V)
+    check_chunk_size(op, chunk_size)
+    scale = default_scale(op, scale, K)
+    backend = resolve_backend(op, backend, q.device)
+    if backend == "reference":
+        return linearized_softmax_gdn_reference(
+            q, k, v, scale, initial_state=initial_state, output_final_state=output_final_state
+        )
+    if backend == "torch":
+        return chunk_linearized_softmax_gdn(
+            q, k, v, scale, initial_state=initial_state,
+            output_final_state=output_final_state, chunk_size=chunk_size,
+        )
+    from kernels.linearized_softmax_gdn.triton_op import linearized_softmax_gdn_triton  # lazy: optional
+
+    return linearized_softmax_gdn_triton(
+        q, k, v, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, chunk_size=chunk_size,
+    )
