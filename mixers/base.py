@@ -17,6 +17,11 @@ from torch import nn
 from kernels import resolve_backend
 
 
+def gate_precision(t: torch.Tensor) -> torch.Tensor:
+    """Gates are computed in fp32 at least (bf16 decays lose the digits near 1), fp64 for fp64 models."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 class MixerConfig(BaseModel):
     """Options every mixer takes; a mixer subclasses this to add its own."""
 

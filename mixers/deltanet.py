@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from kernels import delta_rule, delta_rule_step
+from mixers.base import gate_precision
 from mixers.projected import ProjectedMixer
 from mixers.registry import register_mixer
 
@@ -22,7 +23,7 @@ class DeltaNet(ProjectedMixer):
         self.b_proj = nn.Linear(d_model, self.num_heads, bias=True)
 
     def gates(self, x):
-        return {"beta": torch.sigmoid(self.b_proj(x).float())}
+        return {"beta": torch.sigmoid(gate_precision(self.b_proj(x)))}
 
     def run_op(self, q, k, v, gates, initial_state=None, output_final_state=False):
         return delta_rule(

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import gated_delta_rule, gated_delta_rule_step
+from mixers.base import gate_precision
 from mixers.projected import ProjectedMixer
 from mixers.registry import register_mixer
 
@@ -22,8 +23,8 @@ def decay_parameters(num_heads: int) -> tuple[nn.Parameter, nn.Parameter]:
 
 
 def decay_gate(a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
-    """g = -exp(A_log) * softplus(a + dt_bias) <= 0, in fp32. a: [B, T, H]."""
-    return -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    """g = -exp(A_log) * softplus(a + dt_bias) <= 0, in fp32 or wider. a: [B, T, H]."""
+    return -gate_precision(A_log).exp() * F.softplus(gate_precision(a) + dt_bias)
 
 
 @register_mixer("gdn")
@@ -42,7 +43,7 @@ class GatedDeltaNet(ProjectedMixer):
     def gates(self, x):
         return {
             "g": decay_gate(self.a_proj(x), self.A_log, self.dt_bias),
-            "beta": torch.sigmoid(self.b_proj(x).float()),
+            "beta": torch.sigmoid(gate_precision(self.b_proj(x))),
         }
 
     def run_op(self, q, k, v, gates, initial_state=None, output_final_state=False):

@@ -10,7 +10,7 @@ from pydantic import Field
 from torch import nn
 
 from kernels import gated_linear_attention, gated_linear_attention_step
-from mixers.base import MixerConfig
+from mixers.base import MixerConfig, gate_precision
 from mixers.projected import ProjectedMixer
 from mixers.registry import register_mixer
 
@@ -34,7 +34,7 @@ class GatedLinearAttention(ProjectedMixer):
         )
 
     def gates(self, x):
-        g = F.logsigmoid(self.gate_proj(x).float()) / self.config.gate_normalizer
+        g = F.logsigmoid(gate_precision(self.gate_proj(x))) / self.config.gate_normalizer
         if self.config.gate == "vector":
             g = g.unflatten(-1, (self.num_heads, self.head_dim))
         return {"g": g}

@@ -9,7 +9,7 @@ from pydantic import Field
 from torch import nn
 
 from kernels import mesa, mesa_step
-from mixers.base import MixerConfig
+from mixers.base import MixerConfig, gate_precision
 from mixers.gdn import decay_gate, decay_parameters
 from mixers.projected import ProjectedMixer
 from mixers.registry import register_mixer
@@ -36,12 +36,12 @@ class MesaNet(ProjectedMixer):
 
     def lamb(self) -> torch.Tensor:
         """The ridge lamb: [H, K] > 0."""
-        return F.softplus(self.lamb_raw.float()) + self.config.lamb_min
+        return F.softplus(gate_precision(self.lamb_raw)) + self.config.lamb_min
 
     def gates(self, x):
         return {
             "g": decay_gate(self.a_proj(x), self.A_log, self.dt_bias),
-            "beta": torch.sigmoid(self.b_proj(x).float()),
+            "beta": torch.sigmoid(gate_precision(self.b_proj(x))),
         }
 
     def run_op(self, q, k, v, gates, initial_state=None, output_final_state=False):
