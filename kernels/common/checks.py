@@ -88,3 +88,52 @@ def default_scale(op: str, scale: float | None, K: int) -> float:
     if not (s > 0.0 and s < float("inf")):
         raise ValueError(f"{op}: scale must be a finite positive number, got {scale}")
     return s
+
+
+# -- one-token (decode step) arguments ------------------------------------------------------
+
+
+def check_step_qkv(op: str, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor) -> tuple[int, int, int, int]:
+    """Check one token's q_t, k_t: [B, H, K] and v_t: [B, H, V]; return (B, H, K, V)."""
+    for name, t in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{op}: {name} must have 3 dimensions [B, H, D] (one token), got shape {_shape(t)}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{op}: {name} has dtype {t.dtype}; valid: float16, bfloat16, float32, float64")
+    if q_t.shape != k_t.shape:
+        raise ValueError(f"{op}: q_t and k_t must have the same shape [B, H, K], got {_shape(q_t)} and {_shape(k_t)}")
+    if v_t.shape[:2] != q_t.shape[:2]:
+        raise ValueError(f"{op}: v_t must be [B, H, V] with B, H as in q_t {_shape(q_t)}, got {_shape(v_t)}")
+    B, H, K = q_t.shape
+    return B, H, K, v_t.shape[-1]
+
+
+def check_step_gate(op: str, g_t: torch.Tensor, B: int, H: int, K: int | None = None) -> None:
+    """Check one token's log-gate g_t: [B, H] (or [B, H, K] when K is given), values <= 0."""
+    shapes = [(B, H)] + ([(B, H, K)] if K is not None else [])
+    valid = " or ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes)
+    if not isinstance(g_t, torch.Tensor) or tuple(g_t.shape) not in shapes:
+        got = _shape(g_t) if isinstance(g_t, torch.Tensor) else type(g_t).__name__
+        raise ValueError(f"{op}: g_t must have shape {valid}, got {got}")
+    with torch.no_grad():
+        gmax = g_t.max().item()
+    if not gmax <= 0.0:  # catches NaN too
+        raise ValueError(f"{op}: g_t is a log-space decay and must be <= 0 everywhere; got max(g_t) = {gmax}")
+
+
+def check_step_beta(op: str, beta_t: torch.Tensor, B: int, H: int) -> None:
+    """Check one token's beta_t: [B, H] with values in (0, 1]."""
+    if not isinstance(beta_t, torch.Tensor) or tuple(beta_t.shape) != (B, H):
+        got = _shape(beta_t) if isinstance(beta_t, torch.Tensor) else type(beta_t).__name__
+        raise ValueError(f"{op}: beta_t must have shape [{B}, {H}], got {got}")
+    with torch.no_grad():
+        bmin, bmax = beta_t.min().item(), beta_t.max().item()
+    if not (bmin > 0.0 and bmax <= 1.0):
+        raise ValueError(f"{op}: beta_t must lie in (0, 1], got values in [{bmin}, {bmax}]")
+
+
+def step_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a step computes and keeps its state in: fp64 for fp64 inputs, else fp32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32

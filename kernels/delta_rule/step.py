@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels.common.checks import check_state, default_scale
-from kernels.gated_delta_rule._validation import check_step_beta, check_step_qkv
+from kernels.common.checks import check_step_beta, check_step_qkv
 from kernels.gated_delta_rule.step import gdn_update
 
 

@@ -13,8 +13,9 @@ from kernels.common.chunking import check_chunk_size
 from kernels.common.dispatch import resolve_backend
 from kernels.gated_linear_attention.chunked import gated_linear_attention_chunked
 from kernels.gated_linear_attention.reference import gated_linear_attention_reference
-from kernels.gated_linear_attention.step import check_step_gate, gated_linear_attention_step_unchecked
-from kernels.linear_attention.step import check_step_qkv
+from kernels.common.checks import check_step_gate
+from kernels.gated_linear_attention.step import gated_linear_attention_step_unchecked
+from kernels.common.checks import check_step_qkv
 
 OP = "gated_linear_attention"
 

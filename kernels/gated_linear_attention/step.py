@@ -4,20 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.linear_attention.step import step_dtype
-
-
-def check_step_gate(op: str, g_t: torch.Tensor, B: int, H: int, K: int) -> None:
-    """Check one token's log-gate g_t: [B, H] or [B, H, K], values <= 0."""
-    valid = f"[{B}, {H}] or [{B}, {H}, {K}]"
-    if not isinstance(g_t, torch.Tensor):
-        raise ValueError(f"{op}: g_t must be a torch.Tensor of shape {valid}, got {type(g_t).__name__}")
-    if tuple(g_t.shape) not in ((B, H), (B, H, K)):
-        raise ValueError(f"{op}: g_t must have shape {valid}, got {list(g_t.shape)}")
-    with torch.no_grad():
-        gmax = g_t.max().item()
-    if not gmax <= 0.0:  # catches NaN too
-        raise ValueError(f"{op}: g_t is a log-space decay and must be <= 0 everywhere; got max(g_t) = {gmax}")
+from kernels.common.checks import step_dtype
 
 
 def gated_linear_attention_step_unchecked(

@@ -12,7 +12,8 @@ from kernels.common.chunking import check_chunk_size
 from kernels.common.dispatch import resolve_backend
 from kernels.linear_attention.chunked import linear_attention_chunked
 from kernels.linear_attention.reference import linear_attention_reference
-from kernels.linear_attention.step import check_step_qkv, linear_attention_step_unchecked
+from kernels.common.checks import check_step_qkv
+from kernels.linear_attention.step import linear_attention_step_unchecked
 
 OP = "linear_attention"
 

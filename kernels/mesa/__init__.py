@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import FLOAT_DTYPES, check_beta, check_gate, check_qkv, check_state, default_scale
+from kernels.common.checks import (
+    FLOAT_DTYPES,
+    check_beta,
+    check_gate,
+    check_qkv,
+    check_state,
+    check_step_beta,
+    check_step_gate,
+    check_step_qkv,
+    default_scale,
+)
 from kernels.common.chunking import check_chunk_size
 from kernels.common.dispatch import resolve_backend
 from kernels.mesa.chunked import mesa_chunked
@@ -93,24 +103,9 @@ def mesa_step(
     MesaState (fp32; fp64 for fp64 inputs).
     """
     op = "mesa_step"
-    for name, t, rank in (("q_t", q_t, 3), ("k_t", k_t, 3), ("v_t", v_t, 3), ("g_t", g_t, 2), ("beta_t", beta_t, 2)):
-        if not isinstance(t, torch.Tensor) or t.dim() != rank or t.dtype not in FLOAT_DTYPES:
-            got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{op}: {name} must be a floating tensor with {rank} dimensions, got {got}")
-    B, H, K = q_t.shape
-    V = v_t.shape[-1]
-    expected = {"k_t": (k_t, (B, H, K)), "v_t": (v_t, (B, H, V)), "g_t": (g_t, (B, H)), "beta_t": (beta_t, (B, H))}
-    for name, (t, shape) in expected.items():
-        if tuple(t.shape) != shape:
-            raise ValueError(
-                f"{op}: {name} must have shape {list(shape)} (from q_t {list(q_t.shape)}), got {list(t.shape)}"
-            )
-    with torch.no_grad():
-        if not (g_t.max().item() <= 0.0):
-            raise ValueError(f"{op}: g_t is a log-decay and must be <= 0, got max {g_t.max().item()}")
-        bmin, bmax = beta_t.min().item(), beta_t.max().item()
-        if not (bmin > 0.0 and bmax <= 1.0):
-            raise ValueError(f"{op}: beta_t must lie in (0, 1], got values in [{bmin}, {bmax}]")
+    B, H, K, V = check_step_qkv(op, q_t, k_t, v_t)
+    check_step_gate(op, g_t, B, H)
+    check_step_beta(op, beta_t, B, H)
     _check_lamb(op, "lamb", lamb, H, K)
     state = _check_mesa_state(op, "state", state, B, H, K, V)
     scale = default_scale(op, scale, K)

@@ -11,7 +11,7 @@ import torch
 
 from kernels.common.checks import check_qkv, default_scale
 from kernels.common.dispatch import resolve_backend
-from kernels.linear_attention.step import check_step_qkv
+from kernels.common.checks import check_step_qkv
 from kernels.softmax_attention.cache import KVCache, check_kv_cache
 from kernels.softmax_attention.reference import softmax_attention_reference
 from kernels.softmax_attention.sdpa import softmax_attention_sdpa

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.linear_attention.step import step_dtype
+from kernels.common.checks import step_dtype
 from kernels.softmax_attention.cache import KVCache, append_to_cache
 
 
