@@ -31,6 +31,7 @@ def cached_arrays(kind: str, spec: dict[str, Any], make: Callable[[], dict[str, 
     """Return the arrays for `spec`, generating and saving them on first use."""
     import datasets
 
+    datasets.disable_progress_bars()  # the harness shows its own progress
     path = cache_root() / kind / cache_key(spec)
     if path.exists():
         ds = datasets.load_from_disk(str(path)).with_format("numpy")

@@ -1,0 +1,130 @@
+"""Forward state passing and output of the (gated) delta rule (DESIGN §10), chunk C = 64.
+
+  state_fwd   grid (V-blocks, heads); each program walks its head's chunks in order with
+              its [K, BV] block of the state S in fp32 registers:
+                  store S_n;  U = U0 - W S_n (stored);  S_{n+1} = e^{gamma_C} S_n + Kd^T U
+              with Kd = K ⊙ e^{gamma_C - gamma}.
+  output_fwd  grid (V-blocks, chunks, heads), in parallel:
+                  O = diag(e^gamma) Q S_n + (Q K^T ⊙ Gamma) U,  Gamma lower, diagonal included.
+
+Layouts: q, k, w: [B, T, H, K]; u0, u, o: [B, T, H, V]; gamma: [B, T, H] fp32 (chunk-local
+cumulative log-gate, from wy_fwd); per-chunk states h: [B, H, NT, K, V] in the input dtype;
+h0, ht: [B, H, K, V] fp32. q carries no scale: the kernels multiply by `scale`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.triton.utils import new_buffer, warps
+from kernels.gated_delta_rule.triton_tiles import causal_decay, load_gamma, load_tile, load_tile_t, load_vec, store_tile
+from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, full_width, pow2, seq_block_v
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def state_fwd_kernel(
+    k, w, u0, u, gam, h, h0, ht, T, NT, H,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = (i_b * T * H + i_h).to(tl.int64)
+    v0 = i_v * BV
+    dt = k.dtype.element_ty
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        b_s += load_tile(h0 + i_bh.to(tl.int64) * K * V, 0, K, V, v0, V, BK, BV)
+    for i_t in range(NT):
+        t0 = i_t * 64
+        store_tile(h + (i_bh * NT + i_t).to(tl.int64) * K * V, b_s, 0, K, V, v0, V, BK, BV)
+        b_w = load_tile(w + seq * K, t0, T, H * K, 0, K, 64, BK)
+        b_u = load_tile(u0 + seq * V, t0, T, H * V, v0, V, 64, BV).to(tl.float32)
+        b_u -= tl.dot(b_w, b_s.to(dt), input_precision=PREC)
+        store_tile(u + seq * V, b_u, t0, T, H * V, v0, V, 64, BV)
+        b_kt = load_tile_t(k + seq * K, t0, T, H * K, 0, K, BK, 64)
+        if USE_G:
+            last = tl.minimum(t0 + 64, T) - 1
+            b_glast = tl.load(gam + seq + last * H)
+            b_g = load_gamma(gam + seq, t0, T, H, 64)
+            b_s *= tl.exp(b_glast)
+            # padded rows have U = 0, so their (finite) factor is irrelevant
+            b_u *= tl.exp(b_glast - b_g)[:, None]
+        b_s += tl.dot(b_kt, b_u.to(dt), input_precision=PREC)
+    if STORE_HT:
+        store_tile(ht + i_bh.to(tl.int64) * K * V, b_s, 0, K, V, v0, V, BK, BV)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def output_fwd_kernel(
+    q, k, u, h, gam, o, scale, T, NT, H,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, PREC: tl.constexpr,
+):
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = (i_b * T * H + i_h).to(tl.int64)
+    t0, v0 = i_t * 64, i_v * BV
+    p_h = h + (i_bh * NT + i_t).to(tl.int64) * K * V
+    b_o = tl.zeros([64, BV], dtype=tl.float32)
+    b_a = tl.zeros([64, 64], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_q = load_tile(q + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_kt = load_tile_t(k + seq * K, t0, T, H * K, i_k * BK, K, BK, 64)
+        b_h = load_tile(p_h, i_k * BK, K, V, v0, V, BK, BV)
+        b_o += tl.dot(b_q, b_h, input_precision=PREC)
+        b_a += tl.dot(b_q, b_kt, input_precision=PREC)
+    b_g = tl.zeros([64], dtype=tl.float32)
+    if USE_G:
+        b_g = load_gamma(gam + seq, t0, T, H, 64)
+        b_o *= tl.exp(b_g)[:, None]
+    b_a = causal_decay(b_a * scale, b_g, b_g, True, USE_G)
+    b_u = load_tile(u + seq * V, t0, T, H * V, v0, V, 64, BV)
+    b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
+    store_tile(o + seq * V, b_o, t0, T, H * V, v0, V, 64, BV)
+
+
+def state_fwd(
+    k: torch.Tensor, w: torch.Tensor, u0: torch.Tensor, gam: torch.Tensor | None,
+    h0: torch.Tensor | None, output_final_state: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Returns (h [B, H, NT, K, V] states entering each chunk, U [B, T, H, V], final state
+    [B, H, K, V] fp32 or None). h0: [B, H, K, V] fp32 contiguous or None."""
+    B, T, H, K = k.shape
+    V = u0.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    dev, dt = k.device, k.dtype
+    h = new_buffer((B, H, NT, K, V), dt, dev)
+    u = new_buffer((B, T, H, V), dt, dev)
+    ht = new_buffer((B, H, K, V), torch.float32, dev) if output_final_state else None
+    cfg = TUNING["state_fwd"]
+    BV = seq_block_v(V, B * H, dev, cfg["BV"])
+    state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
+        k, w, u0, u, gam if gam is not None else k, h, h0 if h0 is not None else k,
+        ht if ht is not None else k, T, NT,
+        H=H, K=K, V=V, BK=full_width(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
+        STORE_HT=output_final_state, PREC=dot_prec(dt),
+        num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+    )
+    return h, u, ht
+
+
+def output_fwd(
+    q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, h: torch.Tensor,
+    gam: torch.Tensor | None, scale: float,
+) -> torch.Tensor:
+    """O = diag(e^gamma) (scale Q) S_n + (scale Q K^T ⊙ Gamma) U per chunk: [B, T, H, V]."""
+    B, T, H, K = q.shape
+    V = u.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    o = new_buffer((B, T, H, V), q.dtype, q.device)
+    cfg = TUNING["output_fwd"]
+    BV = pow2(V, cfg["BV"])
+    output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
+        q, k, u, h, gam if gam is not None else q, o, scale, T, NT,
+        H=H, K=K, V=V, BK=pow2(K, cfg["BK"]), BV=BV, USE_G=gam is not None,
+        PREC=dot_prec(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+    )
+    return o

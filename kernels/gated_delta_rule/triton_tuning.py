@@ -1,0 +1,62 @@
+"""Launch settings of the delta-rule Triton kernels, in one place.
+
+TUNING maps each kernel to its tile widths (BK over the key dimension, BV over the value
+dimension; each is capped by the next power of two of the real dimension) and its
+num_warps / num_stages. Values were chosen for Hopper (H200) at K = V = 128; benchmarks
+may override entries to compare settings (benchmarks/bench_delta.py --tune / --variants).
+Measured on one H200 (Triton 3.6, T = 8192, results/bench/h200_delta.json): num_warps=8 for
+wy_fwd / dqkw / wy_bwd made each 1.6-1.8x slower; wy_bwd at num_warps=2 1.8x slower;
+num_stages=3 for the sequential kernels and num_stages=1 for dqkw slower too. "seq_BV" is the V-block of the two kernels that
+walk the chunks in order: narrower blocks give more programs when there are few sequences.
+
+Hopper notes: num_warps=8 is avoided (flash-linear-attention saw miscompiles there with
+Triton 3.4 to 3.7), and no kernel feeds tl.trans of a dot result into another dot.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+CHUNK = 64  # tokens per chunk: the solve in kernels/common/triton/solve.py is written for 64
+
+TUNING: dict[str, dict[str, int]] = {
+    "wy_fwd": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1},
+    "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2},
+    "output_fwd": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2},
+    "du_local": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2},
+    "state_bwd": {"BV": 64, "num_warps": 4, "num_stages": 2},
+    "dqkw": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2},
+    "wy_bwd": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1},
+    # the sequential kernels halve their V-block (down to min_BV) while heads x V-blocks
+    # would fill fewer than min_waves waves of the GPU's multiprocessors
+    "seq": {"min_BV": 32, "min_waves": 2},
+}
+
+
+def pow2(dim: int, cap: int) -> int:
+    """Tile width for a dimension: next power of two, at least 16 (tl.dot), at most cap."""
+    return max(16, min(cap, triton.next_power_of_2(dim)))
+
+
+def full_width(dim: int) -> int:
+    """A tile covering the whole dimension (the sequential kernels keep the full K in registers)."""
+    return max(16, triton.next_power_of_2(dim))
+
+
+def dot_prec(dtype: torch.dtype) -> str:
+    """fp32 inputs get true fp32 products (tf32 would miss fp32's 1e-4 tolerance); for 16-bit
+    operands the setting is moot."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def seq_block_v(V: int, n_heads: int, device: torch.device, cap: int) -> int:
+    """V-block of a sequential kernel: `cap`, halved while B*H*ceil(V/BV) programs would
+    fill fewer than TUNING["seq"]["min_waves"] waves of the GPU (more, shorter programs)."""
+    bv = pow2(V, cap)
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        seq = TUNING["seq"]
+        while bv > max(16, seq["min_BV"]) and n_heads * triton.cdiv(V, bv) < seq["min_waves"] * sms:
+            bv //= 2
+    return bv

@@ -1,0 +1,194 @@
+"""Per-chunk WY/UT preparation of the (gated) delta rule, forward (DESIGN §10), chunk C = 64.
+
+For each chunk, in parallel (grid: chunks x heads):
+    gamma = cumsum(g) within the chunk (stored, fp32; the other kernels read it)
+    A     = strictly lower part of diag(beta) (K K^T ⊙ Gamma),  Gamma_ij = e^{gamma_i - gamma_j}
+    Tm    = (I + A)^{-1}                       (kernels/common/triton/solve.py)
+    W     = Tm diag(beta e^gamma) K,   U0 = Tm diag(beta) V
+
+The chunk is handled as four 16-row sub-blocks: A and Tm live in registers as ten 16 x 16
+blocks, so no 64 x 64 tile is ever sliced or sent through memory before W and U0 are made.
+Tm, W and U0 are stored in the input dtype (the dtype of the products that read them).
+USE_G=False is the ungated delta rule (g is not read, gamma not written).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.triton.solve import unit_lower_inverse_64
+from kernels.common.triton.utils import new_buffer, warps
+from kernels.gated_delta_rule.triton_tiles import causal_decay, load_tile, load_vec, store_tile, store_vec
+from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, pow2
+
+
+@triton.jit
+def _kkt_block(b_kk, b_bi, b_gi, b_gj, DIAG: tl.constexpr, USE_G: tl.constexpr):
+    """A block from its k_i . k_j block: beta_i exp(gamma_i - gamma_j) (k_i . k_j), strictly
+    lower on the diagonal blocks."""
+    b_a = b_kk * b_bi[:, None]
+    if DIAG:
+        return causal_decay(b_a, b_gi, b_gj, False, USE_G)
+    if USE_G:
+        return b_a * tl.exp(b_gi[:, None] - b_gj[None, :])
+    return b_a
+
+
+@triton.jit(do_not_specialize=["T"])
+def wy_fwd_kernel(
+    k, v, beta, g, gam, tm, w, u0, T, H,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, PREC: tl.constexpr,
+):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = (i_b * T * H + i_h).to(tl.int64)
+    t0 = i_t * 64
+    # per-token scalars of the four 16-row sub-blocks
+    b_b0 = load_vec(beta + seq, t0, T, H, 16)
+    b_b1 = load_vec(beta + seq, t0 + 16, T, H, 16)
+    b_b2 = load_vec(beta + seq, t0 + 32, T, H, 16)
+    b_b3 = load_vec(beta + seq, t0 + 48, T, H, 16)
+    b_g0 = tl.zeros([16], dtype=tl.float32)
+    b_g1 = tl.zeros([16], dtype=tl.float32)
+    b_g2 = tl.zeros([16], dtype=tl.float32)
+    b_g3 = tl.zeros([16], dtype=tl.float32)
+    if USE_G:
+        # zero-padded g past T keeps gamma flat there: padded rows decay nothing
+        b_r0 = load_vec(g + seq, t0, T, H, 16)
+        b_r1 = load_vec(g + seq, t0 + 16, T, H, 16)
+        b_r2 = load_vec(g + seq, t0 + 32, T, H, 16)
+        b_r3 = load_vec(g + seq, t0 + 48, T, H, 16)
+        b_g0 = tl.cumsum(b_r0, axis=0)
+        b_g1 = tl.cumsum(b_r1, axis=0) + tl.sum(b_r0, axis=0)
+        b_g2 = tl.cumsum(b_r2, axis=0) + (tl.sum(b_r0, axis=0) + tl.sum(b_r1, axis=0))
+        b_g3 = tl.cumsum(b_r3, axis=0) + (tl.sum(b_r0, axis=0) + tl.sum(b_r1, axis=0) + tl.sum(b_r2, axis=0))
+        store_vec(gam + seq, b_g0, t0, T, H, 16)
+        store_vec(gam + seq, b_g1, t0 + 16, T, H, 16)
+        store_vec(gam + seq, b_g2, t0 + 32, T, H, 16)
+        store_vec(gam + seq, b_g3, t0 + 48, T, H, 16)
+
+    # A = K K^T by 16 x 16 blocks, summed over K in BK-wide slices
+    a00 = tl.zeros([16, 16], dtype=tl.float32)
+    a10 = tl.zeros([16, 16], dtype=tl.float32)
+    a11 = tl.zeros([16, 16], dtype=tl.float32)
+    a20 = tl.zeros([16, 16], dtype=tl.float32)
+    a21 = tl.zeros([16, 16], dtype=tl.float32)
+    a22 = tl.zeros([16, 16], dtype=tl.float32)
+    a30 = tl.zeros([16, 16], dtype=tl.float32)
+    a31 = tl.zeros([16, 16], dtype=tl.float32)
+    a32 = tl.zeros([16, 16], dtype=tl.float32)
+    a33 = tl.zeros([16, 16], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_k0 = load_tile(k + seq * K, t0, T, H * K, i_k * BK, K, 16, BK)
+        b_k1 = load_tile(k + seq * K, t0 + 16, T, H * K, i_k * BK, K, 16, BK)
+        b_k2 = load_tile(k + seq * K, t0 + 32, T, H * K, i_k * BK, K, 16, BK)
+        b_k3 = load_tile(k + seq * K, t0 + 48, T, H * K, i_k * BK, K, 16, BK)
+        a00 += tl.dot(b_k0, tl.trans(b_k0), input_precision=PREC)
+        a10 += tl.dot(b_k1, tl.trans(b_k0), input_precision=PREC)
+        a11 += tl.dot(b_k1, tl.trans(b_k1), input_precision=PREC)
+        a20 += tl.dot(b_k2, tl.trans(b_k0), input_precision=PREC)
+        a21 += tl.dot(b_k2, tl.trans(b_k1), input_precision=PREC)
+        a22 += tl.dot(b_k2, tl.trans(b_k2), input_precision=PREC)
+        a30 += tl.dot(b_k3, tl.trans(b_k0), input_precision=PREC)
+        a31 += tl.dot(b_k3, tl.trans(b_k1), input_precision=PREC)
+        a32 += tl.dot(b_k3, tl.trans(b_k2), input_precision=PREC)
+        a33 += tl.dot(b_k3, tl.trans(b_k3), input_precision=PREC)
+    a00 = _kkt_block(a00, b_b0, b_g0, b_g0, True, USE_G)
+    a10 = _kkt_block(a10, b_b1, b_g1, b_g0, False, USE_G)
+    a11 = _kkt_block(a11, b_b1, b_g1, b_g1, True, USE_G)
+    a20 = _kkt_block(a20, b_b2, b_g2, b_g0, False, USE_G)
+    a21 = _kkt_block(a21, b_b2, b_g2, b_g1, False, USE_G)
+    a22 = _kkt_block(a22, b_b2, b_g2, b_g2, True, USE_G)
+    a30 = _kkt_block(a30, b_b3, b_g3, b_g0, False, USE_G)
+    a31 = _kkt_block(a31, b_b3, b_g3, b_g1, False, USE_G)
+    a32 = _kkt_block(a32, b_b3, b_g3, b_g2, False, USE_G)
+    a33 = _kkt_block(a33, b_b3, b_g3, b_g3, True, USE_G)
+    t00, t10, t11, t20, t21, t22, t30, t31, t32, t33 = unit_lower_inverse_64(
+        a00, a10, a11, a20, a21, a22, a30, a31, a32, a33)
+
+    # Tm, zero blocks above the diagonal included (the backward reads whole 64 x 64 tiles)
+    p_tm = tm + seq * 64
+    zero = tl.zeros([16, 16], dtype=tl.float32)
+    store_tile(p_tm, t00, t0, T, H * 64, 0, 64, 16, 16)
+    store_tile(p_tm, zero, t0, T, H * 64, 16, 64, 16, 16)
+    store_tile(p_tm, zero, t0, T, H * 64, 32, 64, 16, 16)
+    store_tile(p_tm, zero, t0, T, H * 64, 48, 64, 16, 16)
+    store_tile(p_tm, t10, t0 + 16, T, H * 64, 0, 64, 16, 16)
+    store_tile(p_tm, t11, t0 + 16, T, H * 64, 16, 64, 16, 16)
+    store_tile(p_tm, zero, t0 + 16, T, H * 64, 32, 64, 16, 16)
+    store_tile(p_tm, zero, t0 + 16, T, H * 64, 48, 64, 16, 16)
+    store_tile(p_tm, t20, t0 + 32, T, H * 64, 0, 64, 16, 16)
+    store_tile(p_tm, t21, t0 + 32, T, H * 64, 16, 64, 16, 16)
+    store_tile(p_tm, t22, t0 + 32, T, H * 64, 32, 64, 16, 16)
+    store_tile(p_tm, zero, t0 + 32, T, H * 64, 48, 64, 16, 16)
+    store_tile(p_tm, t30, t0 + 48, T, H * 64, 0, 64, 16, 16)
+    store_tile(p_tm, t31, t0 + 48, T, H * 64, 16, 64, 16, 16)
+    store_tile(p_tm, t32, t0 + 48, T, H * 64, 32, 64, 16, 16)
+    store_tile(p_tm, t33, t0 + 48, T, H * 64, 48, 64, 16, 16)
+
+    # W = Tm diag(beta e^gamma) K and U0 = Tm diag(beta) V, 16 rows at a time
+    dt = k.dtype.element_ty
+    c00, c10, c11 = t00.to(dt), t10.to(dt), t11.to(dt)
+    c20, c21, c22 = t20.to(dt), t21.to(dt), t22.to(dt)
+    c30, c31, c32, c33 = t30.to(dt), t31.to(dt), t32.to(dt), t33.to(dt)
+    f0, f1, f2, f3 = b_b0, b_b1, b_b2, b_b3
+    if USE_G:
+        f0, f1, f2, f3 = b_b0 * tl.exp(b_g0), b_b1 * tl.exp(b_g1), b_b2 * tl.exp(b_g2), b_b3 * tl.exp(b_g3)
+    for i_k in range(tl.cdiv(K, BK)):
+        x0 = (load_tile(k + seq * K, t0, T, H * K, i_k * BK, K, 16, BK) * f0[:, None]).to(dt)
+        x1 = (load_tile(k + seq * K, t0 + 16, T, H * K, i_k * BK, K, 16, BK) * f1[:, None]).to(dt)
+        x2 = (load_tile(k + seq * K, t0 + 32, T, H * K, i_k * BK, K, 16, BK) * f2[:, None]).to(dt)
+        x3 = (load_tile(k + seq * K, t0 + 48, T, H * K, i_k * BK, K, 16, BK) * f3[:, None]).to(dt)
+        _tri_apply(w + seq * K, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32, c33,
+                   t0, T, H * K, i_k * BK, K, BK, PREC)
+    for i_v in range(tl.cdiv(V, BV)):
+        x0 = (load_tile(v + seq * V, t0, T, H * V, i_v * BV, V, 16, BV) * b_b0[:, None]).to(dt)
+        x1 = (load_tile(v + seq * V, t0 + 16, T, H * V, i_v * BV, V, 16, BV) * b_b1[:, None]).to(dt)
+        x2 = (load_tile(v + seq * V, t0 + 32, T, H * V, i_v * BV, V, 16, BV) * b_b2[:, None]).to(dt)
+        x3 = (load_tile(v + seq * V, t0 + 48, T, H * V, i_v * BV, V, 16, BV) * b_b3[:, None]).to(dt)
+        _tri_apply(u0 + seq * V, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32, c33,
+                   t0, T, H * V, i_v * BV, V, BV, PREC)
+
+
+@triton.jit
+def _tri_apply(out, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32, c33,
+               t0, T, stride, col0, n_cols, BC: tl.constexpr, PREC: tl.constexpr):
+    """out rows t0..t0+63 = Tm @ X, with Tm given by its lower 16 x 16 blocks."""
+    y0 = tl.dot(c00, x0, input_precision=PREC)
+    y1 = tl.dot(c10, x0, input_precision=PREC) + tl.dot(c11, x1, input_precision=PREC)
+    y2 = (tl.dot(c20, x0, input_precision=PREC) + tl.dot(c21, x1, input_precision=PREC)
+          + tl.dot(c22, x2, input_precision=PREC))
+    y3 = (tl.dot(c30, x0, input_precision=PREC) + tl.dot(c31, x1, input_precision=PREC)
+          + tl.dot(c32, x2, input_precision=PREC) + tl.dot(c33, x3, input_precision=PREC))
+    store_tile(out, y0, t0, T, stride, col0, n_cols, 16, BC)
+    store_tile(out, y1, t0 + 16, T, stride, col0, n_cols, 16, BC)
+    store_tile(out, y2, t0 + 32, T, stride, col0, n_cols, 16, BC)
+    store_tile(out, y3, t0 + 48, T, stride, col0, n_cols, 16, BC)
+
+
+def wy_fwd(
+    k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k: [B, T, H, K], v: [B, T, H, V], beta, g: [B, T, H] (g None: ungated), contiguous.
+
+    Returns (gamma [B, T, H] fp32 or None, Tm [B, T, H, 64], W [B, T, H, K], U0 [B, T, H, V]),
+    Tm, W, U0 in k's dtype; row t of Tm holds row (t mod 64) of its chunk's inverse."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    dev, dt = k.device, k.dtype
+    gam = new_buffer((B, T, H), torch.float32, dev) if g is not None else None
+    tm = new_buffer((B, T, H, CHUNK), dt, dev)
+    w = new_buffer((B, T, H, K), dt, dev)
+    u0 = new_buffer((B, T, H, V), dt, dev)
+    cfg = TUNING["wy_fwd"]
+    grid = (triton.cdiv(T, CHUNK), B * H)
+    wy_fwd_kernel[grid](
+        k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm, w, u0, T,
+        H=H, K=K, V=V, BK=pow2(K, cfg["BK"]), BV=pow2(V, cfg["BV"]),
+        USE_G=g is not None, PREC=dot_prec(dt), num_warps=warps(cfg["num_warps"]),
+        num_stages=cfg["num_stages"],
+    )
+    return gam, tm, w, u0

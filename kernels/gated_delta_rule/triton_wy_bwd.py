@@ -1,0 +1,138 @@
+"""Backward of the per-chunk WY/UT preparation (DESIGN §10), and the final gradients.
+
+Forward, per chunk: A = strictly-lower diag(beta) (K K^T ⊙ Gamma), Tm = (I + A)^{-1},
+W = Tm diag(f) K with f = beta e^gamma, U0 = Tm diag(beta) V. Given dW and dU0 (= dU):
+    dTm  = dW (diag(f) K)^T + dU (diag(beta) V)^T
+    dA   = -Tm^T dTm Tm^T, strictly lower part
+    dk  += f ⊙ Tm^T dW  +  dM K  +  dM^T K,    dM = dA ⊙ beta_i Gamma_ij
+    dv   = beta ⊙ Tm^T dU
+    dbeta = e^gamma ⊙ rowsum(K ⊙ Tm^T dW) + rowsum(V ⊙ Tm^T dU) + rowsum(dA ⊙ Gamma ⊙ K K^T)
+    dgamma += f ⊙ rowsum(K ⊙ Tm^T dW) + rowsum(dA ⊙ A) - colsum(dA ⊙ A)
+and dg = reverse cumsum of dgamma within the chunk (gamma_i = g_1 + ... + g_i).
+dM^T is built from dA^T = -Tm dTm^T Tm, itself from loaded tiles (dTm^T = diag(f) K dW^T
++ diag(beta) V dU^T), so no product is ever transposed in registers (see
+kernels/common/triton/solve.py). grid (chunks, heads). The passes are ordered so that at most
+two [64, 64] fp32 accumulators are live at once (dTm with K K^T, then dTm^T).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.triton.utils import new_buffer, warps
+from kernels.gated_delta_rule.triton_tiles import (
+    anticausal_decay, causal_decay, load_gamma, load_tile, load_tile_t, load_vec, store_tile, store_vec,
+)
+from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, pow2
+
+
+@triton.jit(do_not_specialize=["T", "BTH", "NK"])
+def wy_bwd_kernel(
+    k, v, beta, gam, tm, dw, du, dk_part, dgam_part, dk, dv, dbeta, dg, T, BTH, NK, H,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, PREC: tl.constexpr,
+):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = (i_b * T * H + i_h).to(tl.int64)
+    t0 = i_t * 64
+    dt = k.dtype.element_ty
+    b_tmt = load_tile_t(tm + seq * 64, t0, T, H * 64, 0, 64, 64, 64)
+    b_b = load_vec(beta + seq, t0, T, H, 64)
+    b_g = tl.zeros([64], dtype=tl.float32)
+    b_eg = tl.full([64], 1.0, dtype=tl.float32)
+    if USE_G:
+        b_g = load_gamma(gam + seq, t0, T, H, 64)
+        b_eg = tl.exp(b_g)
+    b_f = b_b * b_eg
+
+    o_r = tl.arange(0, 64)
+    # dTm and K K^T (K-blocks), then the V-blocks: dTm, dv and beta's share through U0
+    b_dtm = tl.zeros([64, 64], dtype=tl.float32)
+    b_kk = tl.zeros([64, 64], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_k = load_tile(k + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_kt = load_tile_t(k + seq * K, t0, T, H * K, i_k * BK, K, BK, 64)
+        b_dw = load_tile(dw + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_kk += tl.dot(b_k, b_kt, input_precision=PREC)
+        b_dtm += tl.dot(b_dw, (b_kt * b_f[None, :]).to(dt), input_precision=PREC)
+    b_db = tl.zeros([64], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_v = load_tile(v + seq * V, t0, T, H * V, i_v * BV, V, 64, BV)
+        b_vt = load_tile_t(v + seq * V, t0, T, H * V, i_v * BV, V, BV, 64)
+        b_du = load_tile(du + seq * V, t0, T, H * V, i_v * BV, V, 64, BV)
+        b_dtm += tl.dot(b_du, (b_vt * b_b[None, :]).to(dt), input_precision=PREC)
+        b_dvb = tl.dot(b_tmt, b_du, input_precision=PREC)
+        store_tile(dv + seq * V, b_dvb * b_b[:, None], t0, T, H * V, i_v * BV, V, 64, BV)
+        b_db += tl.sum(b_dvb * b_v.to(tl.float32), axis=1)
+    b_da = -tl.dot(tl.dot(b_tmt, b_dtm.to(dt), input_precision=PREC).to(dt), b_tmt, input_precision=PREC)
+    b_da = tl.where(o_r[:, None] > o_r[None, :], b_da, 0.0)
+    b_gkk = causal_decay(b_kk, b_g, b_g, False, USE_G)  # Gamma ⊙ K K^T, strictly lower
+    b_db += tl.sum(b_da * b_gkk, axis=1)
+    b_dgam = tl.zeros([64], dtype=tl.float32)
+    if USE_G:
+        b_daa = b_da * b_gkk * b_b[:, None]  # dA ⊙ A
+        b_dgam = tl.sum(b_daa, axis=1) - tl.sum(b_daa, axis=0)
+    b_dm = causal_decay(b_da * b_b[:, None], b_g, b_g, False, USE_G).to(dt)
+
+    # dTm^T from loaded tiles, then dA^T = -Tm dTm^T Tm and dM^T
+    b_dtmt = tl.zeros([64, 64], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_k = load_tile(k + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_dwt = load_tile_t(dw + seq * K, t0, T, H * K, i_k * BK, K, BK, 64)
+        b_dtmt += tl.dot((b_k * b_f[:, None]).to(dt), b_dwt, input_precision=PREC)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_v = load_tile(v + seq * V, t0, T, H * V, i_v * BV, V, 64, BV)
+        b_dut = load_tile_t(du + seq * V, t0, T, H * V, i_v * BV, V, BV, 64)
+        b_dtmt += tl.dot((b_v * b_b[:, None]).to(dt), b_dut, input_precision=PREC)
+    b_tm = load_tile(tm + seq * 64, t0, T, H * 64, 0, 64, 64, 64)
+    b_dat = -tl.dot(tl.dot(b_tm, b_dtmt.to(dt), input_precision=PREC).to(dt), b_tm, input_precision=PREC)
+    b_dat = tl.where(o_r[None, :] > o_r[:, None], b_dat, 0.0)
+    b_dmt = anticausal_decay(b_dat * b_b[None, :], b_g, b_g, False, USE_G).to(dt)
+
+    for i_k in range(tl.cdiv(K, BK)):
+        b_k = load_tile(k + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_dw = load_tile(dw + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_dkb = tl.dot(b_tmt, b_dw, input_precision=PREC)
+        b_dk = load_tile(dk_part + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_dk += b_dkb * b_f[:, None]
+        b_dk += tl.dot(b_dm, b_k, input_precision=PREC)
+        b_dk += tl.dot(b_dmt, b_k, input_precision=PREC)
+        store_tile(dk + seq * K, b_dk, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_kdkb = tl.sum(b_dkb * b_k.to(tl.float32), axis=1)
+        b_db += b_kdkb * b_eg
+        b_dgam += b_kdkb * b_f
+    store_vec(dbeta + seq, b_db, t0, T, H, 64)
+    if USE_G:
+        for i_p in range(NK):
+            b_dgam += load_vec(dgam_part + i_p * BTH + seq, t0, T, H, 64)
+        # dg_l = sum_{i >= l} dgamma_i
+        b_dg = tl.sum(b_dgam, axis=0) - tl.cumsum(b_dgam, axis=0) + b_dgam
+        store_vec(dg + seq, b_dg, t0, T, H, 64)
+
+
+def wy_bwd(
+    k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, gam: torch.Tensor | None,
+    tm: torch.Tensor, dw: torch.Tensor, du: torch.Tensor, dk_part: torch.Tensor,
+    dgam_part: torch.Tensor | None, g_dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Returns (dk [B, T, H, K] k.dtype, dv [B, T, H, V] v.dtype, dbeta [B, T, H] beta.dtype,
+    dg [B, T, H] in g_dtype or None)."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    dev = k.device
+    cfg = TUNING["wy_bwd"]
+    dk = new_buffer((B, T, H, K), k.dtype, dev)
+    dv = new_buffer((B, T, H, V), v.dtype, dev)
+    dbeta = new_buffer((B, T, H), beta.dtype, dev)
+    dg = new_buffer((B, T, H), g_dtype, dev) if gam is not None else None
+    wy_bwd_kernel[(triton.cdiv(T, CHUNK), B * H)](
+        k, v, beta, gam if gam is not None else k, tm, dw, du, dk_part,
+        dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k,
+        T, B * T * H, dgam_part.shape[0] if dgam_part is not None else 0,
+        H=H, K=K, V=V, BK=pow2(K, cfg["BK"]), BV=pow2(V, cfg["BV"]), USE_G=gam is not None,
+        PREC=dot_prec(k.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+    )
+    return dk, dv, dbeta, dg

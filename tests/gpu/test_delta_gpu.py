@@ -1,0 +1,165 @@
+"""Triton delta rule, gated delta rule and linearized softmax GDN on a CUDA GPU (DESIGN §9).
+
+bf16 at T up to 32k with K = V = 128 (plus fp32 and fp16 at awkward shapes), against the
+chunked PyTorch form (kernels/gated_delta_rule/chunked.py) run in fp64 on the same GPU (the
+per-token loop is too slow at these lengths); the linearized form against its per-token
+recurrence (DESIGN §7) in fp64. The Triton entry points are called directly. Each output and each gradient (q, k, v, beta, g, initial state) is its own test
+item, so a failure names the gradient; all buffers the kernels write start as NaN.
+
+Skipped without CUDA, and in a session where TRITON_INTERPRET is set (run tests/gpu in a
+pytest session of its own). Errors are printed (-s) and, when GPU_ERRORS_JSON names a file,
+written there.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.util import TOL, rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+        reason="TRITON_INTERPRET is set in this session; run tests/gpu on its own",
+    ),
+]
+
+pytest.importorskip("triton")
+
+# name: (op, B, T, H, K, V, dtype, gate kind)
+CASES = {
+    "gdn_bf16_T32768": ("gdn", 1, 32768, 2, 128, 128, torch.bfloat16, "near0"),
+    "gdn_bf16_T4100_strong": ("gdn", 2, 4100, 2, 128, 128, torch.bfloat16, "strong"),
+    "delta_bf16_T32768": ("delta", 1, 32768, 2, 128, 128, torch.bfloat16, None),
+    "gdn_fp32_T300_K100_V60": ("gdn", 2, 300, 3, 100, 60, torch.float32, "near0"),
+    "delta_fp16_T75_K64_V256": ("delta", 1, 75, 2, 64, 256, torch.float16, None),
+    "gdn_bf16_T1000_K256_V32": ("gdn", 1, 1000, 2, 256, 32, torch.bfloat16, "near0"),
+}
+QUANTITIES = ("o", "final_state", "dq", "dk", "dv", "dbeta", "dg", "dinitial_state")
+
+
+def make_inputs(B, T, H, K, V, dtype, gate, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    q = torch.randn(B, T, H, K, device=dev, generator=gen).to(dtype)
+    k = F.normalize(torch.randn(B, T, H, K, device=dev, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(B, T, H, V, device=dev, generator=gen).to(dtype)
+    tensors = {"q": q, "k": k, "v": v}
+    if gate == "near0":
+        tensors["g"] = F.logsigmoid(torch.randn(B, T, H, device=dev, generator=gen) + 4.0)
+    elif gate == "strong":
+        tensors["g"] = -12.0 * torch.rand(B, T, H, device=dev, generator=gen)
+    tensors["beta"] = torch.sigmoid(torch.randn(B, T, H, device=dev, generator=gen)).to(dtype)
+    h0 = torch.randn(B, H, K, V, device=dev, generator=gen)
+    return tensors, h0
+
+
+@functools.lru_cache(maxsize=None)
+def errors_of(case: str) -> dict:
+    """Errors of every output and gradient of one case against the fp64 chunked form."""
+    from kernels.common.triton import utils
+    from kernels.delta_rule.triton_op import delta_rule_triton
+    from kernels.gated_delta_rule.chunked import chunk_gated_delta_rule
+    from kernels.gated_delta_rule.triton_op import gated_delta_rule_triton
+
+    name, B, T, H, K, V, dtype, gate = CASES[case]
+    op = gated_delta_rule_triton if name == "gdn" else delta_rule_triton
+    tensors, h0 = make_inputs(B, T, H, K, V, dtype, gate)
+    leaves = dict(tensors, initial_state=h0)
+    ours = {n: t.detach().clone().requires_grad_(True) for n, t in leaves.items()}
+    utils.DEBUG.poison = True
+    try:
+        o, ht = op(**ours, scale=K**-0.5, output_final_state=True)
+        gen = torch.Generator(device="cuda").manual_seed(1234)
+        do = torch.randn(o.shape, device="cuda", generator=gen).to(o.dtype)
+        dht = torch.randn(ht.shape, device="cuda", generator=gen)
+        grads = torch.autograd.grad((o, ht), list(ours.values()), (do, dht))
+    finally:
+        utils.DEBUG.poison = False
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    o_ref, ht_ref = chunk_gated_delta_rule(
+        ref["q"], ref["k"], ref["v"], ref.get("g"), ref["beta"], K**-0.5,
+        initial_state=ref["initial_state"], output_final_state=True)
+    grads_ref = torch.autograd.grad((o_ref, ht_ref), list(ref.values()), (do.double(), dht.double()))
+    errors = {"o": rel_err(o, o_ref), "final_state": rel_err(ht, ht_ref)}
+    for n, grad, grad_ref in zip(ours, grads, grads_ref):
+        errors["d" + n] = rel_err(grad, grad_ref)
+    print(case, {n: f"{e:.2e}" for n, e in errors.items()})
+    path = os.environ.get("GPU_ERRORS_JSON")
+    if path:
+        old = json.load(open(path)) if os.path.exists(path) else {}
+        old[case] = errors
+        json.dump(old, open(path, "w"), indent=1)
+    return errors
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("quantity", QUANTITIES)
+def test_matches_fp64_chunked(case, quantity):
+    errors = errors_of(case)
+    if quantity not in errors:
+        pytest.skip(f"{case} has no {quantity}")
+    tol = TOL[CASES[case][6]]
+    assert errors[quantity] < tol, f"{case} {quantity}: {errors[quantity]:.3e} >= {tol} (all: {errors})"
+
+
+def lin_gdn_recurrence(q, k, v, scale, h, k_sum, v_sum, count):
+    """DESIGN §7 one token at a time (any dtype; fp64 here)."""
+    outs = []
+    for i in range(q.shape[1]):
+        t = count + i + 1
+        v_bar_prev = v_sum / (t - 1) if t > 1 else torch.zeros_like(v_sum)
+        k_sum, v_sum = k_sum + k[:, i], v_sum + v[:, i]
+        u, w = k[:, i] - k_sum / t, v[:, i] - v_bar_prev
+        uh = torch.einsum("bhk,bhkv->bhv", u, h)
+        h = (1 - 1 / t) * h + (1 / t) * u[..., None] * (w - uh)[..., None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, i] * scale, h) + v_sum / t)
+    return torch.stack(outs, 1), h
+
+
+def test_linearized_softmax_gdn_bf16():
+    """DESIGN §7 form at T = 2048 from a state with count > 0, against its per-token
+    recurrence in fp64; gradients of q, k, v and the state tensors."""
+    lin = pytest.importorskip("kernels.linearized_softmax_gdn")
+    if not hasattr(lin, "LinGDNState"):
+        pytest.skip("kernels.linearized_softmax_gdn (LinGDNState) is not written yet")
+    from kernels.linearized_softmax_gdn.triton_op import linearized_softmax_gdn_triton
+
+    B, T, H, D = 1, 2048, 2, 128
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(B, T, H, D, device="cuda", generator=gen).to(torch.bfloat16)
+    k = (0.3 * torch.randn(B, T, H, D, device="cuda", generator=gen)).to(torch.bfloat16)
+    v = torch.randn(B, T, H, D, device="cuda", generator=gen).to(torch.bfloat16)
+    count = 37
+    st = [torch.randn(B, H, D, D, device="cuda", generator=gen) * 0.1,
+          torch.randn(B, H, D, device="cuda", generator=gen) * 0.3 * count**0.5,
+          torch.randn(B, H, D, device="cuda", generator=gen) * count**0.5]
+    ours = [x.detach().clone().requires_grad_(True) for x in (q, k, v, *st)]
+    ref = [x.detach().double().requires_grad_(True) for x in (q, k, v, *st)]
+    o, s = linearized_softmax_gdn_triton(*ours[:3], scale=D**-0.5, initial_state=lin.LinGDNState(*ours[3:], count),
+                                         output_final_state=True)
+    o_ref, h_ref = lin_gdn_recurrence(*ref[:3], D**-0.5, *ref[3:], count)
+    do = torch.randn(o.shape, device="cuda", generator=gen).to(o.dtype)
+    dh = torch.randn(s.h.shape, device="cuda", generator=gen)
+    grads = torch.autograd.grad((o, s.h), ours, (do, dh))
+    grads_ref = torch.autograd.grad((o_ref, h_ref), ref, (do.double(), dh.double()))
+    errors = {"o": rel_err(o, o_ref), "h": rel_err(s.h, h_ref)}
+    for n, a, b in zip(("dq", "dk", "dv", "dh0", "dk_sum", "dv_sum"), grads, grads_ref):
+        errors[n] = rel_err(a, b)
+    print("lin_gdn_bf16_T2048", {n: f"{e:.2e}" for n, e in errors.items()})
+    path = os.environ.get("GPU_ERRORS_JSON")
+    if path:
+        old = json.load(open(path)) if os.path.exists(path) else {}
+        old["lin_gdn_bf16_T2048"] = errors
+        json.dump(old, open(path, "w"), indent=1)
+    assert s.count == count + T
+    bad = {n: e for n, e in errors.items() if not e < TOL[torch.bfloat16]}
+    assert not bad, f"errors over {TOL[torch.bfloat16]}: {bad}"

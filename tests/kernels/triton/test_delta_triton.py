@@ -1,0 +1,112 @@
+"""Triton delta rule and gated delta rule against the per-token reference (fp64), on the CPU
+interpreter (conftest sets TRITON_INTERPRET=1 and NaN-poisons every buffer the kernels write).
+
+Outputs, final states and the gradients of q, k, v, beta, g and the initial state; T in
+{1, 63, 64, 100} (a partial chunk, exactly one, more than one); fp32 and fp16 inputs; beta
+near 0 and 1, gates near 0 and very negative, unnormalised keys within beta ||k||^2 <= 2.
+Shapes are tiny: the interpreter runs every program in Python."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import delta_rule, gated_delta_rule
+from tests.util import TOL, rel_err
+
+
+def make_inputs(B, T, H, K, V, dtype, seed, gated=True, with_state=True):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    beta = torch.rand(B, T, H, generator=gen) * 0.9 + 0.1
+    tensors = {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype)}
+    if gated:
+        tensors["g"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen) + 3.0)
+    tensors["beta"] = beta
+    h0 = torch.randn(B, H, K, V, generator=gen) if with_state else None
+    return tensors, h0
+
+
+@pytest.mark.parametrize(
+    "B, T, H, K, V, with_state",
+    [
+        (1, 1, 2, 16, 16, True),
+        (1, 63, 1, 16, 32, False),
+        (2, 64, 1, 32, 16, True),
+        (1, 100, 2, 32, 32, True),
+    ],
+)
+def test_gated_matches_reference_fp32(compare, B, T, H, K, V, with_state):
+    tensors, h0 = make_inputs(B, T, H, K, V, torch.float32, seed=T, with_state=with_state)
+    compare(gated_delta_rule, tensors, h0, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("B, T, H, K, V", [(1, 100, 1, 32, 16), (1, 63, 2, 16, 16)])
+def test_ungated_matches_reference_fp32(compare, B, T, H, K, V):
+    tensors, h0 = make_inputs(B, T, H, K, V, torch.float32, seed=T + 1, gated=False)
+    compare(delta_rule, tensors, h0, TOL[torch.float32])
+
+
+def test_gated_fp16(compare):
+    tensors, h0 = make_inputs(1, 100, 1, 32, 16, torch.float16, seed=5)
+    compare(gated_delta_rule, tensors, h0, TOL[torch.float16])
+
+
+def test_extreme_beta_and_gates(compare):
+    """beta near 0 and exactly 1; head 0 with gates near 0, head 1 very negative (decay
+    e^-20 per token), so within a chunk gamma spans hundreds of nats."""
+    tensors, h0 = make_inputs(1, 100, 2, 16, 16, torch.float32, seed=9)
+    gen = torch.Generator().manual_seed(10)
+    pick = torch.rand(1, 100, 2, generator=gen) < 0.5
+    tensors["beta"] = torch.where(pick, 1e-4, 1.0)
+    g = torch.empty(1, 100, 2)
+    g[..., 0] = -1e-5 * torch.rand(1, 100, generator=gen)
+    g[..., 1] = -5.0 - 15.0 * torch.rand(1, 100, generator=gen)
+    tensors["g"] = g
+    compare(gated_delta_rule, tensors, h0, TOL[torch.float32])
+
+
+def test_unnormalised_keys(compare):
+    """Keys of norm up to sqrt(2 / beta): the stability limit beta ||k||^2 <= 2."""
+    tensors, h0 = make_inputs(1, 64, 1, 16, 16, torch.float32, seed=12, gated=False)
+    gen = torch.Generator().manual_seed(13)
+    norm_sq = 0.5 + 1.4 * torch.rand(1, 64, 1, generator=gen)  # beta ||k||^2 in [0.5, 1.9]
+    tensors["k"] = tensors["k"] * (norm_sq / tensors["beta"]).sqrt()[..., None]
+    compare(delta_rule, tensors, h0, TOL[torch.float32])
+
+
+def test_gradients_through_output_only():
+    """No final state asked and no initial state: the backward runs without either."""
+    tensors, _ = make_inputs(1, 70, 1, 16, 16, torch.float32, seed=14, with_state=False)
+    ours = {n: t.clone().requires_grad_(True) for n, t in tensors.items()}
+    ref = {n: t.double().requires_grad_(True) for n, t in tensors.items()}
+    o, ht = gated_delta_rule(**ours, backend="triton")
+    o_ref, _ = gated_delta_rule(**ref, backend="reference")
+    assert ht is None
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, list(ours.values()), do)
+    grads_ref = torch.autograd.grad(o_ref, list(ref.values()), do.double())
+    assert rel_err(o, o_ref) < TOL[torch.float32]
+    for name, grad, grad_ref in zip(ours, grads, grads_ref):
+        assert rel_err(grad, grad_ref) < TOL[torch.float32], name
+
+
+def test_bad_arguments_raise():
+    tensors, _ = make_inputs(1, 8, 1, 16, 16, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        gated_delta_rule(**tensors, backend="triton", chunk_size=32)
+    big = {**tensors, "q": torch.randn(1, 8, 1, 320), "k": torch.randn(1, 8, 1, 320)}
+    with pytest.raises(ValueError, match="K, V <= 256"):
+        gated_delta_rule(**big, backend="triton")
+
+
+def test_fp64_inputs_computed_in_fp32():
+    """float64 inputs run in float32 (the kernels' widest type) and come back as float64."""
+    tensors, h0 = make_inputs(1, 20, 1, 16, 16, torch.float64, seed=15)
+    tensors["beta"], tensors["g"] = tensors["beta"].double(), tensors["g"].double()
+    o, ht = gated_delta_rule(**tensors, initial_state=h0.double(), output_final_state=True, backend="triton")
+    o_ref, ht_ref = gated_delta_rule(**tensors, initial_state=h0.double(), output_final_state=True, backend="reference")
+    assert o.dtype == torch.float64 and ht.dtype == torch.float64
+    assert rel_err(o, o_ref) < TOL[torch.float32] and rel_err(ht, ht_ref) < TOL[torch.float32]
