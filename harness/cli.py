@@ -162,6 +162,16 @@ def leaderboard_cmd(
     console.print(f"{len(boards)} table(s) from {count} record(s); written to {out}")
 
 
+def _register_commands() -> None:
+    """Commands that live in their own modules (kept out of this file to keep it small)."""
+    from harness.dashboard_cli import dashboard_cmd
+
+    app.command("dashboard")(dashboard_cmd)
+
+
+_register_commands()
+
+
 def main() -> None:
     app()
 
