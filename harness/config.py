@@ -133,15 +133,22 @@ def resolve_config(
 
 
 def validate_mixer_options(mixer: str, config: BaseModel) -> None:
-    """Check config.model.mixer (if the task has one) against the mixer's own Config."""
-    model = getattr(config, "model", None)
-    options = getattr(model, "mixer", None)
-    if options is None:
-        return
-    try:
-        get_mixer(mixer).Config(**options)
-    except ValidationError as e:
-        raise ConfigError(_format_validation(e, f"mixer {mixer}").replace("task ", "", 1)) from None
+    """Check the task's mixer options against the mixer's own Config.
+
+    Tasks keep them in `model.mixer` (the recall tasks' LM) or a top-level `mixer` dict
+    (the efficiency tasks' single layer)."""
+    for where, options in (("model.mixer", getattr(getattr(config, "model", None), "mixer", None)),
+                           ("mixer", getattr(config, "mixer", None))):
+        if not isinstance(options, dict):
+            continue
+        try:
+            get_mixer(mixer).Config(**options)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{where}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+                for err in e.errors()
+            )
+            raise ConfigError(f"invalid options for mixer {mixer!r}: {problems}") from None
 
 
 def config_hash(mixer: str, task: str, config: dict[str, Any], seed: int) -> str:

@@ -55,7 +55,8 @@ class ShortConv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[1]
         y = self.conv(x.transpose(1, 2))[..., :T]
-        return F.silu(y).transpose(1, 2)
+        # contiguous: fused attention kernels (SDPA flash/cuDNN, Triton) need stride(-1) == 1
+        return F.silu(y).transpose(1, 2).contiguous()
 
     def step(self, x_t: torch.Tensor, cache: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         B, D = x_t.shape

@@ -1,3 +1,5 @@
 """The in-repo tasks: importing a module registers it. One line per task."""
 
 import tasks.mqar  # noqa: F401
+import tasks.throughput  # noqa: F401
+import tasks.memory  # noqa: F401

@@ -1,0 +1,188 @@
+"""Memory: peak memory of forward+backward vs T (op and layer level, above the inputs), the
+largest T that fits, and the decode-state bytes per sequence vs context length (softmax's
+KV cache grows with T; a recurrent state does not). Softmax is measured alongside in the
+same run, so every record carries its own comparison."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from tasks.base import RunContext, Task, TaskConfig, TaskResult
+from tasks.common.memprobe import MixerFwdBwd, Probe, peak_memory
+from tasks.common.plots import plot_memory, plot_state_bytes
+from tasks.common.timing import cpu_threads
+from tasks.common.workloads import (
+    DTYPES,
+    LayerSpec,
+    build_layer,
+    describe,
+    free_memory,
+    is_oom,
+)
+from tasks.registry import register_task
+
+MiB = 2**20
+
+
+class MemoryConfig(TaskConfig):
+    seq_lens: list[int] = Field(default_factory=lambda: [64, 128, 256, 512, 1024], description="T grid")
+    max_seq_len: int | None = Field(4096, ge=1, description="keep doubling T past the grid up to this, until out of memory")
+    batch_size: int = Field(1, ge=1)
+    modes: list[Literal["op", "layer"]] = Field(default_factory=lambda: ["op", "layer"])
+    num_heads: int = Field(2, ge=1)
+    head_dim: int = Field(32, ge=1, description="K = V per head")
+    d_model: int | None = Field(None, ge=1, description="layer width; default num_heads * head_dim")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    mixer: dict[str, Any] = Field(default_factory=dict, description="options of the mixer under test (backend, chunk_size, ...)")
+    softmax: dict[str, Any] = Field(default_factory=dict, description="options of the softmax baseline (e.g. backend)")
+    compare_softmax: bool = Field(True, description="measure softmax attention alongside")
+    max_bytes: int | None = Field(
+        None, ge=1, description="memory cap per call: a peak above it counts as out of memory (CPU: enforced)")
+    point_timeout_s: float = Field(600.0, gt=0, description="CPU: a probe running longer fails and the sweep goes on")
+    cpu_threads: int | None = Field(1, ge=1, description="torch intra-op threads on the CPU")
+
+    @field_validator("seq_lens")
+    @classmethod
+    def _grid(cls, v: list[int]) -> list[int]:
+        if not v or min(v) < 1:
+            raise ValueError(f"seq_lens must be a non-empty list of lengths >= 1, got {v}")
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _extension(self):
+        if self.max_seq_len is not None and self.max_seq_len < max(self.seq_lens):
+            raise ValueError(
+                f"max_seq_len={self.max_seq_len} is below the largest seq_len {max(self.seq_lens)}; raise it or set it to null")
+        return self
+
+    def lengths(self) -> list[int]:
+        """The grid, then doublings of its largest T up to max_seq_len."""
+        out = list(self.seq_lens)
+        while self.max_seq_len is not None and out[-1] * 2 <= self.max_seq_len:
+            out.append(out[-1] * 2)
+        return out
+
+
+@register_task("memory")
+class Memory(Task):
+    description = "peak fwd+bwd memory vs T, the largest T that fits, decode-state bytes vs context"
+    Config = MemoryConfig
+    primary_metric = "peak_mib"
+    higher_is_better = False
+    setting_fields = ("seq_lens", "max_seq_len", "batch_size", "num_heads", "head_dim", "d_model", "dtype", "max_bytes")
+    shown_metrics = ("max_T_fits", "op_peak_mib", "op_max_T_fits", "state_bytes", "peak_ratio_vs_softmax")
+    presets = {
+        # CPU: T = 64 .. 2048, capped at 64 MiB per call (softmax's O(T^2) layer backward
+        # meets the cap inside the range); under a minute per mixer.
+        "default": {"max_seq_len": 2048, "max_bytes": 64 * MiB},
+        "tiny": {"seq_lens": [16, 32], "max_seq_len": None, "num_heads": 2, "head_dim": 16, "modes": ["layer"]},
+        # One H200, one sequence at a time, B = 1, H = 16, K = V = 128, bf16.
+        "gpu": {
+            "seq_lens": [2**e for e in range(9, 17)], "max_seq_len": 262144, "batch_size": 1,
+            "num_heads": 16, "head_dim": 128, "dtype": "bfloat16",
+        },
+    }
+
+    def run(self, ctx: RunContext) -> TaskResult:
+        cfg: MemoryConfig = ctx.config
+        device, dtype = ctx.device, DTYPES[cfg.dtype]
+        d_model = cfg.d_model or cfg.num_heads * cfg.head_dim
+        spec = LayerSpec(cfg.num_heads, cfg.head_dim, d_model, dtype, cfg.mixer)
+        soft_spec = LayerSpec(cfg.num_heads, cfg.head_dim, d_model, dtype, cfg.softmax)
+        models = [(ctx.mixer, spec)]
+        if cfg.compare_softmax and not (ctx.mixer == "softmax" and cfg.softmax == cfg.mixer):
+            models.append(("softmax", soft_spec))
+        probes = [Probe(mode, T) for mode in cfg.modes for T in cfg.lengths()]
+        bar = ctx.progress.add_task(f"memory · {ctx.mixer}", total=len(models) + 1)
+        points = []
+        with cpu_threads(cfg.cpu_threads if device.type == "cpu" else None):
+            for name, s in models:
+                workload = MixerFwdBwd(name, s, cfg.batch_size, ctx.seed)
+                for r in peak_memory(workload, probes, device, cfg.max_bytes, cfg.point_timeout_s, cfg.cpu_threads):
+                    peak = r["peak_bytes"]
+                    points.append({"model": name, "B": cfg.batch_size, **r, "peak_mib": peak / MiB if peak is not None else None})
+                ctx.progress.advance(bar)
+            mixer = build_layer(ctx.mixer, spec, device, ctx.seed)
+            softmax = build_layer("softmax", soft_spec, device, ctx.seed)
+            states = [_state_row(mixer, softmax, T, device, dtype) for T in cfg.lengths()]
+        ctx.progress.advance(bar)
+        ctx.progress.remove_task(bar)
+
+        ctx.artifact_dir.mkdir(parents=True, exist_ok=True)
+        artifacts = plot_memory(points, ctx.artifact_dir, ctx.mixer) + plot_state_bytes(states, ctx.artifact_dir, ctx.mixer)
+        fits = {mode: _max_fit([p for p in points if p["model"] == ctx.mixer and p["mode"] == mode]) for mode in cfg.modes}
+        details = {
+            "points": points, "decode_state": states, "max_T_fits": fits,
+            "shapes": {"num_heads": cfg.num_heads, "head_dim": cfg.head_dim, "d_model": d_model, "dtype": cfg.dtype,
+                       "batch_size": cfg.batch_size},
+            "what": "peak_bytes: peak memory of one forward+backward above the memory held once its inputs exist",
+        }
+        return TaskResult(metrics=_metrics(points, states, fits, ctx.mixer, cfg), backend=mixer.backend_used or "",
+                          details=details, artifacts=artifacts)
+
+
+def cache_bytes(obj: Any) -> int:
+    """Bytes of every tensor in a (nested) decode cache: tensors, tuples, NamedTuples, lists, dicts."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(cache_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(cache_bytes(o) for o in obj.values())
+    return 0
+
+
+def _state_row(mixer, softmax, T: int, device: torch.device, dtype: torch.dtype) -> dict:
+    """Decode-state bytes per sequence after T tokens: the real cache that a prefill of one
+    sequence leaves (measured), with mixer.state_size(T) floats beside it."""
+    row: dict[str, Any] = {"T": T, "state_floats": mixer.state_size(T), "softmax_state_floats": softmax.state_size(T)}
+    for key, layer in (("state_bytes", mixer), ("softmax_state_bytes", softmax)):
+        try:
+            with torch.no_grad():
+                _, cache = layer.prefill(torch.randn(1, T, layer.d_model, device=device, dtype=dtype))
+            row[key] = cache_bytes(cache)
+            del cache
+        except Exception as e:  # noqa: BLE001 - recorded; the other rows go on
+            row[key], row[f"{key}_error"] = None, ("oom: " if is_oom(e) else "") + describe(e)
+        free_memory(device)
+    return row
+
+
+def _max_fit(series: list[dict]) -> dict:
+    """The largest T measured ok with every smaller T ok too; and whether a limit was hit."""
+    best, limited = None, False
+    for p in sorted(series, key=lambda p: p["T"]):
+        if p["status"] != "ok":
+            limited = p["status"] in ("oom", "skipped")
+            break
+        best = p["T"]
+    return {"T": best, "limit_reached": limited}
+
+
+def _metrics(points, states, fits, mixer: str, cfg: MemoryConfig) -> dict[str, float]:
+    out: dict[str, float] = {}
+    largest = max(cfg.seq_lens)
+    peaks = {(p["model"], p["mode"], p["T"]): p["peak_mib"] for p in points if p["status"] == "ok"}
+    for (model, mode, T), mib in peaks.items():
+        if model != mixer:
+            continue
+        prefix = "" if mode == "layer" else "op_"
+        out[f"{prefix}peak_mib@{T}"] = mib
+        if T == largest:
+            out[f"{prefix}peak_mib"] = mib
+            soft = peaks.get(("softmax", mode, T))
+            if soft:
+                out[f"{prefix}softmax_peak_mib"] = soft
+                out[f"{prefix}peak_ratio_vs_softmax"] = mib / soft
+    for mode, fit in fits.items():
+        if fit["T"] is not None:
+            out[f"{'' if mode == 'layer' else 'op_'}max_T_fits"] = float(fit["T"])
+    for row in states:
+        if row.get("state_bytes") is not None:
+            out[f"state_bytes@{row['T']}"] = float(row["state_bytes"])
+            if row["T"] == largest:
+                out["state_bytes"] = float(row["state_bytes"])
+    return out
