@@ -40,6 +40,7 @@ if [ -n "${wheels// /}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" $wheels || exit 1
     export PYTHONPATH="$SITE:."
 fi
+# The device gets a copy of the tree without .git: pass the commit in (HARNESS_GIT_COMMIT=...).
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
 
 # What ran where: versions, the GPU, which softmax backends and FLA import.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -47,7 +48,11 @@ def versions() -> dict[str, str | None]:
 
 
 def git_commit() -> str | None:
-    """The commit of the harness source tree, with '+dirty' when it has local changes."""
+    """The commit of the harness source tree, with '+dirty' when it has local changes.
+
+    Where the tree is a copy without .git (a remote GPU box), HARNESS_GIT_COMMIT names it."""
+    if os.environ.get("HARNESS_GIT_COMMIT"):
+        return os.environ["HARNESS_GIT_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
