@@ -54,7 +54,7 @@ class MQAR(Task):
         # Calibrated on 2 CPU cores: a few minutes per mixer, and softmax clearly above linear.
         "default": {
             "vocab_size": 512,
-            "train": [_setting(64, 8, 16_000)],
+            "train": [_setting(64, 8, 8_000)],
             "test": [_setting(64, 4, 500), _setting(64, 8, 1_000), _setting(64, 16, 500)],
             "model": {"d_model": 64, "n_layers": 2, "mixer": {"num_heads": 2}},
             "optim": {"epochs": 8, "batch_size": 64, "lr": 1e-2},
