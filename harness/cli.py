@@ -1,4 +1,4 @@
-"""The `harness` command line: list, run, leaderboard."""
+"""The `harness` command line: list, run, leaderboard, sweep, compare, dashboard."""
 
 from __future__ import annotations
 
@@ -165,7 +165,10 @@ def leaderboard_cmd(
 def _register_commands() -> None:
     """Commands that live in their own modules (kept out of this file to keep it small)."""
     from harness.dashboard_cli import dashboard_cmd
+    from harness.sweep_cli import compare_cmd, sweep_cmd
 
+    app.command("sweep")(sweep_cmd)
+    app.command("compare")(compare_cmd)
     app.command("dashboard")(dashboard_cmd)
 
 

@@ -1,0 +1,398 @@
+"""Sweeps: a YAML grid expanded into fully resolved runs, each with a stable run key.
+
+A sweep file names blocks of runs; each block is the product
+tasks x presets x `vary` values x mixers x seeds, with fixed `set` overrides:
+
+    device: cuda                          # auto (default), cpu or cuda
+    mixers: [softmax, gdn]                # defaults for every block (a block may override)
+    seeds: [0]
+    set: {optim.epochs: 2}                # fixed overrides for every block
+    grid:
+      - tasks: [mqar]
+        presets: [tiny]
+        vary: {optim.lr: [1e-3, 3e-3]}    # one run per value (several keys: their product)
+
+The run key is the config hash of the record (harness.config.config_hash of mixer, task,
+resolved config and seed, as `harness run` writes it) plus the device type, so a record
+written by `harness run` with the same settings counts as done. Resume: a key that already
+has an ok record is skipped; a failed one is skipped unless retrying. A claim (an flock on
+<results>/.sweep/locks/<key>.lock, held while the run is in flight) keeps two sweeps on one
+results directory from running the same key; the kernel drops it when its holder dies, so a
+killed sweep leaves no claim held. `run_sweep` is the driver.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import json
+import os
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from harness.config import ConfigError, config_hash, resolve_config, validate_mixer_options
+from harness.executors import Executor, Job, Outcome
+from harness.records import runs_dir
+
+
+class SweepError(ValueError):
+    """A sweep file that cannot be expanded; the message lists every problem found."""
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if value is not None and not isinstance(value, list) else value
+
+
+class GridBlock(BaseModel):
+    """One block of the grid; unset lists fall back to the file's top-level defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[str] = Field(min_length=1)
+    mixers: list[str] | None = None
+    presets: list[str] | None = None
+    seeds: list[int] | None = None
+    set: dict[str, Any] = Field(default_factory=dict)
+    vary: dict[str, list[Any]] = Field(default_factory=dict)
+
+    @field_validator("tasks", "mixers", "presets", "seeds", mode="before")
+    @classmethod
+    def _scalar_to_list(cls, v: Any) -> Any:
+        return _as_list(v)
+
+
+class SweepFile(BaseModel):
+    """A whole sweep file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    description: str | None = None
+    device: str = "auto"
+    mixers: list[str] = Field(default_factory=list)
+    presets: list[str] = Field(default_factory=lambda: ["default"])
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    set: dict[str, Any] = Field(default_factory=dict)
+    grid: list[GridBlock] = Field(min_length=1)
+
+    @field_validator("mixers", "presets", "seeds", mode="before")
+    @classmethod
+    def _scalar_to_list(cls, v: Any) -> Any:
+        return _as_list(v)
+
+
+def load_sweep(path: Path) -> SweepFile:
+    """Read and check the shape of a sweep file (names are checked by `expand`)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise SweepError(f"cannot read sweep file {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise SweepError(f"sweep file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise SweepError(f"sweep file {path} must hold a mapping with a 'grid' list, got {type(data).__name__}")
+    try:
+        return SweepFile(**data)
+    except ValidationError as e:
+        lines = [f"{'.'.join(str(p) for p in err['loc']) or '(file)'}: {err['msg']}" for err in e.errors()]
+        valid = ", ".join(SweepFile.model_fields) + "; in a grid block: " + ", ".join(GridBlock.model_fields)
+        raise SweepError(f"sweep file {path}: " + "; ".join(lines) + f" (valid keys: {valid})") from None
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One fully resolved run of the grid."""
+
+    mixer: str
+    task: str
+    preset: str
+    seed: int
+    overrides: tuple[tuple[str, Any], ...]  # the `set`/`vary` values that made it, in order
+    config: dict[str, Any] = field(compare=False, hash=False)  # resolved, JSON form
+    config_hash: str = ""
+    device_type: str = "cpu"
+
+    @property
+    def key(self) -> str:
+        """The run key: the record's config hash plus the device type ('cpu' or 'cuda')."""
+        return f"{self.config_hash}-{self.device_type}"
+
+    @property
+    def label(self) -> str:
+        extra = " ".join(f"{k}={json.dumps(v)}" for k, v in self.overrides)
+        return f"{self.task}/{self.preset} · {self.mixer} · seed {self.seed}" + (f" · {extra}" if extra else "")
+
+
+@dataclass
+class Plan:
+    """The expanded grid: unique points in run order, and how many duplicates were dropped."""
+
+    name: str
+    device: str  # as the file asks: auto, cpu or cuda
+    points: list[SweepPoint]
+    duplicates: int = 0
+
+
+def _set_item(key: str, value: Any) -> str:
+    # YAML text that safe_load reads back as `value` exactly: the same path as `--set`.
+    return f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
+
+
+def expand(
+    sweep: SweepFile, device_type: str, only_tasks: list[str] | None = None, only_mixers: list[str] | None = None
+) -> Plan:
+    """Expand and validate the whole grid (every problem is collected, then one SweepError).
+
+    device_type: 'cpu' or 'cuda', where the runs will happen (part of each run key)."""
+    from mixers import UnknownMixerError, get_mixer
+    from tasks import UnknownTaskError, get_task
+
+    errors: list[str] = []
+    points: list[SweepPoint] = []
+    for bi, block in enumerate(sweep.grid):
+        where = f"grid[{bi}]"
+        mixers = block.mixers if block.mixers is not None else sweep.mixers
+        presets = block.presets if block.presets is not None else sweep.presets
+        seeds = block.seeds if block.seeds is not None else sweep.seeds
+        if not mixers:
+            errors.append(f"{where}: no mixers (give 'mixers' in the block or at the top of the file)")
+        for mixer in mixers:
+            try:
+                get_mixer(mixer)
+            except UnknownMixerError as e:
+                errors.append(f"{where if block.mixers is not None else 'mixers'}: {e}")
+        mixers = [m for m in mixers if not only_mixers or m in only_mixers]
+        fixed = {**sweep.set, **block.set}
+        axes = list(block.vary.items())
+        for task_name in block.tasks:
+            try:
+                task = get_task(task_name)
+            except UnknownTaskError as e:
+                errors.append(f"{where}: {e}")
+                continue
+            if only_tasks and task_name not in only_tasks:
+                continue
+            for preset, combo in itertools.product(presets, itertools.product(*(vals for _, vals in axes))):
+                overrides = tuple(fixed.items()) + tuple((k, v) for (k, _), v in zip(axes, combo))
+                try:
+                    cfg = resolve_config(task, preset, None, [_set_item(k, v) for k, v in overrides])
+                except ConfigError as e:
+                    errors.append(f"{where} (task {task_name}, preset {preset}): {e}")
+                    continue
+                config = cfg.model_dump(mode="json")
+                for mixer in mixers:
+                    try:
+                        validate_mixer_options(mixer, cfg)
+                    except ConfigError as e:
+                        errors.append(f"{where} (task {task_name}, preset {preset}, mixer {mixer}): {e}")
+                        continue
+                    for seed in seeds:
+                        chash = config_hash(mixer, task_name, config, seed)
+                        points.append(SweepPoint(mixer, task_name, preset, seed, overrides, config, chash, device_type))
+    for name in only_tasks or []:
+        if not any(name in b.tasks for b in sweep.grid):
+            errors.append(f"--task {name}: not a task of this sweep (its tasks: {', '.join(sorted({t for b in sweep.grid for t in b.tasks}))})")
+    if errors:
+        unique = list(dict.fromkeys(errors))
+        raise SweepError(f"{len(unique)} problem(s) in the sweep, nothing was run:\n  " + "\n  ".join(unique))
+    unique: dict[str, SweepPoint] = {}
+    for point in points:  # the first of points that resolve alike (dicts keep insertion order)
+        unique.setdefault(point.key, point)
+    return Plan(sweep.name or "sweep", sweep.device, list(unique.values()), len(points) - len(unique))
+
+
+# -- records of a key ------------------------------------------------------------------
+
+
+def device_type_of(device: str) -> str:
+    """'cpu' or 'cuda' from a record's device name ('cpu: <model>' or the GPU's name)."""
+    return "cpu" if device.startswith("cpu") else "cuda"
+
+
+@dataclass(frozen=True)
+class KeyRecords:
+    """The records already written for one run key: paths of ok and of failed ones."""
+
+    ok: tuple[Path, ...] = ()
+    failed: tuple[Path, ...] = ()
+
+    @property
+    def state(self) -> str:
+        return "done" if self.ok else "failed" if self.failed else "pending"
+
+    @property
+    def paths(self) -> frozenset[Path]:
+        return frozenset(self.ok + self.failed)
+
+
+def key_records(results: Path, point: SweepPoint) -> KeyRecords:
+    """Records under `results` whose config hash and device type are the point's."""
+    ok, failed = [], []
+    # run ids embed the first 8 characters of the config hash (harness.runner.new_run_id)
+    for path in sorted((runs_dir(results) / point.task).glob(f"*{point.config_hash[:8]}*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("config_hash") != point.config_hash or device_type_of(str(data.get("device", ""))) != point.device_type:
+            continue
+        (ok if data.get("status") == "ok" else failed).append(path)
+    return KeyRecords(tuple(ok), tuple(failed))
+
+
+# -- claims: one process runs a key at a time ------------------------------------------
+
+
+class Claim:
+    """An exclusive flock on <results>/.sweep/locks/<key>.lock; `release` removes the file."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd = path, fd
+
+    def release(self) -> None:
+        # Unlink while still holding the lock: a process that opened the old file sees a
+        # different inode after locking it and tries again (see try_claim).
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self.fd)
+
+
+def try_claim(results: Path, key: str) -> Claim | None:
+    """Claim `key`, or None when another live process holds it. Never blocks."""
+    lock_dir = Path(results) / ".sweep" / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    path = lock_dir / f"{key}.lock"
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+            return Claim(path, fd)
+        os.close(fd)  # the holder released and removed it between our open and lock
+
+
+# -- the driver ------------------------------------------------------------------------
+
+
+class SweepEvents:
+    """Callbacks of `run_sweep` for a progress view (this base shows nothing)."""
+
+    def skipped(self, point: SweepPoint, state: str) -> None: ...
+    def waiting(self, point: SweepPoint) -> None: ...
+    def started(self, point: SweepPoint) -> None: ...
+    def finished(self, point: SweepPoint, outcome: Outcome) -> None: ...
+    def elsewhere(self, point: SweepPoint, state: str) -> None: ...
+    def tick(self) -> None: ...
+
+
+@dataclass
+class SweepSummary:
+    """What a sweep did: keys found done or failed before, runs made here, keys another
+    sweep ran meanwhile ('done' or 'failed')."""
+
+    total: int
+    done_before: int = 0
+    failed_before: list[SweepPoint] = field(default_factory=list)
+    ran: list[tuple[SweepPoint, Outcome]] = field(default_factory=list)
+    elsewhere: list[tuple[SweepPoint, str]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[tuple[SweepPoint, str]]:
+        """Points without an ok record at the end, with the reason."""
+        out = [(p, o.error or "failed") for p, o in self.ran if o.status != "ok"]
+        out += [(p, "failed in an earlier sweep (--retry-failed reruns it)") for p in self.failed_before]
+        out += [(p, "failed in another sweep running at the same time") for p, s in self.elsewhere if s != "done"]
+        return out
+
+
+def _job(point: SweepPoint, results: Path) -> Job:
+    return Job(point.config_hash, point.mixer, point.task, point.preset, point.config, point.seed, point.device_type, str(results))
+
+
+def run_sweep(
+    plan: Plan, executor: Executor, results: Path, retry_failed: bool = False,
+    events: SweepEvents | None = None, poll_s: float = 0.25,
+) -> SweepSummary:
+    """Run every point of `plan` that has no ok record yet (and no failed one, unless
+    `retry_failed`), `executor.slots` at a time. Keys another process holds are retried
+    once it lets go; if that process wrote a record meanwhile, the key is left to it."""
+    results, events = Path(results), events or SweepEvents()
+    summary = SweepSummary(total=len(plan.points))
+    todo: deque[SweepPoint] = deque()
+    seen: dict[str, frozenset[Path]] = {}
+    for point in plan.points:
+        recs = key_records(results, point)
+        if recs.state == "done" or (recs.state == "failed" and not retry_failed):
+            summary.done_before += recs.state == "done"
+            if recs.state == "failed":
+                summary.failed_before.append(point)
+            events.skipped(point, recs.state)
+        else:
+            todo.append(point)
+            seen[point.key] = recs.paths
+    in_flight: dict[str, tuple[SweepPoint, Claim]] = {}
+    waiting: dict[str, SweepPoint] = {}
+
+    def start(point: SweepPoint) -> bool:
+        """Claim and submit; False when another process holds the key."""
+        claim = try_claim(results, point.key)
+        if claim is None:
+            if point.key not in waiting:
+                waiting[point.key] = point
+                events.waiting(point)
+            return False
+        waiting.pop(point.key, None)
+        new = key_records(results, point)
+        fresh = new.paths - seen[point.key]
+        if fresh:  # another sweep ran it after we looked
+            claim.release()
+            state = "done" if any(p in fresh for p in new.ok) else "failed"
+            summary.elsewhere.append((point, state))
+            events.elsewhere(point, state)
+            return True
+        in_flight[point.key] = (point, claim)
+        executor.submit(_job(point, results))
+        events.started(point)
+        return True
+
+    try:
+        while todo or in_flight or waiting:
+            for point in list(waiting.values()):
+                if len(in_flight) >= executor.slots:
+                    break
+                start(point)
+            while todo and len(in_flight) < executor.slots:
+                start(todo.popleft())
+            if in_flight:
+                for outcome in executor.poll(poll_s):
+                    point, claim = in_flight.pop(outcome.key)
+                    claim.release()
+                    summary.ran.append((point, outcome))
+                    events.finished(point, outcome)
+            elif waiting:
+                time.sleep(poll_s)
+            events.tick()
+    finally:
+        if in_flight:  # interrupted: stop the runs before letting go of their keys
+            executor.abort()
+            for _, claim in in_flight.values():
+                claim.release()
+    return summary

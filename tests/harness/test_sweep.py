@@ -1,0 +1,257 @@
+"""Sweeps: grid expansion and run keys, validation before anything runs, resume after
+SIGKILL (configs/smoke-cpu.yaml, what CI runs), two sweeps on one results directory,
+failed runs recorded while the sweep goes on, and worker processes that die mid-run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+import tasks.registry
+from harness.config import config_hash, resolve_config
+from harness.executors import InProcessExecutor, WorkerPoolExecutor
+from harness.sweep import SweepFile, expand, load_sweep, run_sweep
+from harness.sweep_cli import compare_cmd, sweep_cmd
+from tasks import get_task
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = REPO / "configs" / "smoke-cpu.yaml"
+
+app = typer.Typer()
+app.command("sweep")(sweep_cmd)  # as harness.cli registers them
+app.command("compare")(compare_cmd)
+cli = CliRunner()
+
+# A test task: sleeps (or kills its own process). Defined as source so that subprocesses
+# (sweeps, worker processes) can register it too.
+NAP_TASK = """
+import os, time
+from pydantic import Field
+from tasks.base import Task, TaskConfig, TaskResult
+
+class NapConfig(TaskConfig):
+    seconds: float = Field(0.1, ge=0)
+    crash: bool = False
+
+class Nap(Task):
+    description = "test task: sleeps, or kills its own process"
+    Config = NapConfig
+    primary_metric = "nap_ms"
+    higher_is_better = False
+
+    def run(self, ctx):
+        if ctx.config.crash:
+            os._exit(7)
+        t0 = time.perf_counter()
+        time.sleep(ctx.config.seconds)
+        return TaskResult(metrics={"nap_ms": 1000 * (time.perf_counter() - t0)}, backend="none")
+"""
+REGISTER_NAP = NAP_TASK + "\nfrom tasks.registry import register_task\nregister_task('nap')(Nap)\n"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+@pytest.fixture
+def nap(monkeypatch):
+    space: dict = {}
+    exec(NAP_TASK, space)
+    cls = space["Nap"]
+    cls.name = "nap"
+    get_task("mqar")  # load the registry before adding to it
+    monkeypatch.setitem(tasks.registry._TASKS, "nap", cls)
+    return cls
+
+
+def _records(results: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*/*.json"))]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_grid_expansion_and_stable_keys(tmp_path):
+    sweep = SweepFile(**{
+        "mixers": ["softmax", "gdn"], "seeds": [0, 1], "set": {"optim.epochs": 2},
+        "grid": [
+            {"tasks": "mqar", "presets": ["tiny"], "vary": {"optim.lr": [1e-3, 3e-3]}},
+            {"tasks": ["mqar"], "presets": "tiny", "mixers": "gdn", "seeds": 0, "set": {"optim.lr": 1e-3}},  # duplicates
+        ],
+    })
+    plan = expand(sweep, "cpu")
+    assert len(plan.points) == 8 and plan.duplicates == 1
+    assert [(p.mixer, p.seed) for p in plan.points[:4]] == [("softmax", 0), ("softmax", 1), ("gdn", 0), ("gdn", 1)]
+    again = expand(sweep, "cpu")
+    assert [p.key for p in again.points] == [p.key for p in plan.points]
+    assert len({p.key for p in plan.points}) == 8
+    # the key is the config hash `harness run --set ...` writes into its record, plus the device type
+    p = plan.points[0]
+    cfg = resolve_config(get_task("mqar"), "tiny", None, ["optim.epochs=2", "optim.lr=1e-3"]).model_dump(mode="json")
+    assert p.config == cfg and p.key == f"{config_hash('softmax', 'mqar', cfg, 0)}-cpu"
+    assert expand(sweep, "cuda").points[0].key.endswith("-cuda")
+    assert {q.config["optim"]["lr"] for q in plan.points} == {1e-3, 3e-3}
+    only = expand(sweep, "cpu", only_mixers=["gdn"])
+    assert {q.mixer for q in only.points} == {"gdn"} and len(only.points) == 4
+
+
+def test_invalid_grid_exits_2_and_runs_nothing(tmp_path):
+    bad = _write(tmp_path / "bad.yaml", "mixers: [gdnn]\ngrid:\n  - tasks: [mqar, mqr]\n    presets: [tiny, huge]\n"
+                                        "    set: {optim.lrr: 1}\n")
+    out = cli.invoke(app, ["sweep", str(bad), "--results", str(tmp_path / "res")])
+    assert out.exit_code == 2, out.output
+    text = " ".join(out.output.split())
+    for needle in ("Did you mean 'gdn'", "Did you mean 'mqar'", "unknown key 'optim.lrr'", "unknown preset 'huge'", "nothing was run"):
+        assert needle in text
+    assert not (tmp_path / "res").exists()
+    shape = _write(tmp_path / "shape.yaml", "grid: [{tasks: [mqar]}]\nmixer: gdn\n")
+    out = cli.invoke(app, ["sweep", str(shape), "--results", str(tmp_path / "res")])
+    assert out.exit_code == 2 and "mixer" in out.output and "valid keys" in " ".join(out.output.split())
+    out = cli.invoke(app, ["sweep", str(SMOKE), "--dry-run", "--results", str(tmp_path / "res")])
+    assert out.exit_code == 0 and "to run" in out.output and "softmax" in out.output
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_gpus_executor_says_there_is_no_gpu(tmp_path):
+    out = cli.invoke(app, ["sweep", str(SMOKE), "--executor", "gpus", "--results", str(tmp_path / "res")])
+    assert out.exit_code == 2
+    text = " ".join(out.output.split())
+    assert "no CUDA GPU" in text and "--executor inprocess" in text and "Traceback" not in out.output
+
+
+def test_sigkill_mid_run_then_resume(tmp_path):
+    """CI's smoke sweep: killed while its second run is in flight, then resumed."""
+    res = tmp_path / "res"
+    env = {**os.environ, "HARNESS_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.sweep_cli", "sweep", str(SMOKE), "--results", str(res), "--no-wandb"],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    locks = res / ".sweep" / "locks"
+    def second_run_in_flight() -> bool:
+        done = [json.loads(p.read_text())["config_hash"] for p in res.glob("runs/*/*.json")]
+        claims = [p.name for p in locks.glob("*.lock")] if done else []
+        return any(not name.startswith(done[0]) for name in claims)
+
+    # kill once the first record is written and the second run holds its claim
+    while not second_run_in_flight():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline, "the sweep made no record in time"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = _records(res)
+    assert len(first) == 1 and first[0]["status"] == "ok"
+    assert list(locks.glob("*.lock"))  # the killed run's claim file stays behind, unlocked
+
+    out = cli.invoke(app, ["sweep", str(SMOKE), "--results", str(res), "--no-wandb"])
+    assert out.exit_code == 0, out.output
+    assert "1 done before" in " ".join(out.output.split())
+    plan = expand(load_sweep(SMOKE), "cpu")
+    recs = _records(res)
+    assert sorted(f"{r['config_hash']}-cpu" for r in recs) == sorted(p.key for p in plan.points)  # one each, none doubled
+    assert all(r["status"] == "ok" for r in recs) and first[0] in recs
+    assert not list(locks.glob("*.lock"))
+    # CI's gate on the smoke records: against themselves nothing regresses
+    out = cli.invoke(app, ["compare", str(res), str(res)])
+    assert out.exit_code == 0, out.output
+
+
+DRIVER = REGISTER_NAP + """
+import sys, time
+from pathlib import Path
+ready, go = Path(sys.argv[1]), Path(sys.argv[2])
+ready.touch()
+while not go.exists():
+    time.sleep(0.01)
+from harness.sweep_cli import app
+app(sys.argv[3:])
+"""
+
+
+def test_two_sweeps_at_once_lose_nothing_and_double_nothing(tmp_path, nap):
+    grid = _write(tmp_path / "naps.yaml", "mixers: [softmax, gdn]\nseeds: [0, 1, 2, 3]\n"
+                                          "grid: [{tasks: [nap], set: {seconds: 0.4}}]\n")
+    res, go = tmp_path / "res", tmp_path / "go"
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path / f"ready{i}"), str(go), "sweep", str(grid),
+                          "--results", str(res), "--no-wandb"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for i in range(2)
+    ]
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.01)
+    go.touch()  # both start the same grid at the same moment
+    outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    recs = _records(res)
+    keys = [r["config_hash"] for r in recs]
+    assert len(recs) == 8 and len(set(keys)) == 8 and all(r["status"] == "ok" for r in recs)
+    expected = {p.config_hash for p in expand(load_sweep(grid), "cpu").points}
+    assert set(keys) == expected
+    ran_here = [sum(line.startswith("✓") for line in out.splitlines()) for out in outputs]
+    assert sum(ran_here) == 8 and min(ran_here) >= 1, outputs  # both did part of the work
+
+
+def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    mqar_run = get_task("mqar").run
+
+    def run_or_oom(self, ctx):
+        if ctx.config.optim.epochs == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return mqar_run(self, ctx)
+
+    monkeypatch.setattr(get_task("mqar"), "run", run_or_oom)
+    small = {"train": [{"seq_len": 32, "num_kv_pairs": 4, "num_examples": 128}],  # two steps
+             "test": [{"seq_len": 32, "num_kv_pairs": 4, "num_examples": 16}]}
+    sweep = SweepFile(**{"mixers": ["gdn"], "presets": ["tiny"], "set": small, "grid": [
+        {"tasks": ["mqar"], "set": {"optim.lr": 1.0e6}},  # the loss goes NaN
+        {"tasks": ["mqar"], "set": {"model.mixer.backend": "bogus"}},  # valid type, fails at run time
+        {"tasks": ["mqar"], "set": {"optim.epochs": 2}},  # out of memory (patched)
+        {"tasks": ["mqar"]},
+    ]})
+    plan, res = expand(sweep, "cpu"), tmp_path / "res"
+    summary = run_sweep(plan, InProcessExecutor("cpu", wandb=False), res)
+    assert [o.status for _, o in summary.ran] == ["failed", "failed", "failed", "ok"]
+    errors = [o.error for _, o in summary.ran]
+    assert "nan" in errors[0].lower() and "bogus" in errors[1] and "OutOfMemoryError" in errors[2]
+    assert len(_records(res)) == 4 and len(summary.failed) == 3
+
+    again = run_sweep(plan, InProcessExecutor("cpu", wandb=False), res)
+    assert again.ran == [] and again.done_before == 1 and len(again.failed_before) == 3
+    monkeypatch.setattr(get_task("mqar"), "run", mqar_run)  # the memory is back
+    retry = run_sweep(plan, InProcessExecutor("cpu", wandb=False), res, retry_failed=True)
+    assert [o.status for _, o in retry.ran] == ["failed", "failed", "ok"]
+    recs = _records(res)
+    assert len(recs) == 7 and sum(r["status"] == "ok" for r in recs) == 2
+
+
+def test_worker_that_dies_mid_run_gets_a_failed_record(tmp_path, nap):
+    grid = SweepFile(mixers=["gdn"], grid=[{"tasks": ["nap"], "set": {"crash": True}}, {"tasks": ["nap"]}])
+    plan, res = expand(grid, "cpu"), tmp_path / "res"
+    pool = WorkerPoolExecutor([{}], ["w0"], "cpu", res / ".sweep" / "logs", wandb=False,
+                              argv=[sys.executable, "-c", REGISTER_NAP + "from harness.executors import worker_main\nworker_main()"])
+    try:
+        summary = run_sweep(plan, pool, res)
+    finally:
+        pool.close()
+    (crashed, o1), (_, o2) = summary.ran
+    assert o1.status == "failed" and "exit code 7" in o1.error and crashed.config["crash"]
+    assert o2.status == "ok" and o2.where == "w0"  # a fresh worker took the next run
+    recs = {r["config_hash"]: r for r in _records(res)}
+    assert recs[crashed.config_hash]["status"] == "failed" and recs[crashed.config_hash]["device"].startswith("cpu")
+    assert len(recs) == 2
