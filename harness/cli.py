@@ -1,4 +1,4 @@
-"""The `harness` command line: list, run, leaderboard, sweep, compare, dashboard."""
+"""The `harness` command line: list, run, leaderboard, sweep, compare, dashboard, eval."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -22,7 +23,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 def fail(message: str, code: int = 2) -> "typer.Exit":
-    err_console.print(f"[bold red]error:[/] {message}")
+    err_console.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(code)
 
 
@@ -135,7 +136,7 @@ def _print_results(rows, task_cls) -> None:
     console.print(table)
     for rec, _ in rows:
         if rec.status != "ok":
-            err_console.print(f"[red]{rec.mixer}:[/] {rec.error}")
+            err_console.print(f"[red]{rec.mixer}:[/] {escape(rec.error or '')}")
 
 
 @app.command("leaderboard")
@@ -165,11 +166,13 @@ def leaderboard_cmd(
 def _register_commands() -> None:
     """Commands that live in their own modules (kept out of this file to keep it small)."""
     from harness.dashboard_cli import dashboard_cmd
+    from harness.eval_cli import eval_cmd
     from harness.sweep_cli import compare_cmd, sweep_cmd
 
     app.command("sweep")(sweep_cmd)
     app.command("compare")(compare_cmd)
     app.command("dashboard")(dashboard_cmd)
+    app.command("eval")(eval_cmd)
 
 
 _register_commands()

@@ -77,6 +77,7 @@ def write_record(results: Path, record: RunRecord) -> Path:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; records are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

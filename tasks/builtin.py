@@ -3,3 +3,5 @@
 import tasks.mqar  # noqa: F401
 import tasks.throughput  # noqa: F401
 import tasks.memory  # noqa: F401
+import tasks.lm  # noqa: F401
+import tasks.lm_eval_bridge.task  # noqa: F401

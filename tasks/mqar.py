@@ -7,9 +7,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasks.base import RunContext, Task, TaskConfig, TaskResult
+from tasks.common.checkpoint import CHECKPOINT_FILE, save_checkpoint
 from tasks.common.datacache import cached_arrays
 from tasks.common.model import MixerLM, ModelConfig
 from tasks.common.training import TrainConfig, predict, train
+from tasks.lm_data import IdTokenizer
 from tasks.mqar_data import GENERATOR_VERSION, check_setting, make_mqar
 from tasks.registry import register_task
 
@@ -32,6 +34,7 @@ class MQARConfig(TaskConfig):
     test: list[MQARSetting] = Field(default_factory=lambda: [MQARSetting(seq_len=64, num_kv_pairs=8, num_examples=1_000)])
     model: ModelConfig = Field(default_factory=ModelConfig)
     optim: TrainConfig = Field(default_factory=TrainConfig)
+    save_checkpoint: bool = Field(False, description=f"write {CHECKPOINT_FILE} next to the record (for harness eval)")
 
     @model_validator(mode="after")
     def _settings_fit(self):
@@ -116,9 +119,15 @@ class MQAR(Task):
         )
         ctx.log({f"test/{k}": v for k, v in metrics.items()}, stats.steps)
         backends = sorted(set(model.backends()))
+        artifacts = []
+        if cfg.save_checkpoint:
+            meta = {"task": "mqar", "task_config": cfg.model_dump(mode="json"), "seed": ctx.seed,
+                    "max_length": max(s.seq_len for s in [*cfg.train, *cfg.test])}
+            save_checkpoint(ctx.artifact_dir / CHECKPOINT_FILE, model, IdTokenizer(cfg.vocab_size).info(), meta)
+            artifacts.append(CHECKPOINT_FILE)
         return TaskResult(
             metrics=metrics, backend=",".join(backends),
-            details={"by_setting": by_setting, "state_size_at": longest},
+            details={"by_setting": by_setting, "state_size_at": longest}, artifacts=artifacts,
         )
 
     @staticmethod
