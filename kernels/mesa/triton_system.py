@@ -1,0 +1,137 @@
+"""Triton building blocks of MesaNet's chunk systems (DESIGN §8, §10): gate factors built
+from segment sums, the implicit per-token matrices M_i and the on-chip conjugate gradient.
+
+Within a chunk of BT tokens with per-token log-gates g (natural log; the kernels work in
+log2 units, exp2(LOG2E g) = e^g):
+
+    seg_ij   = g_{j+1} + ... + g_i                       (i >= j; a sum of terms of one sign)
+    W_ij     = exp(seg_ij) beta_j  for i >= j, else 0    (Gamma diag(beta))
+    d_i      = exp(g_1 + ... + g_i)                      (decay from the chunk start)
+    u_j      = beta_j exp(g_{j+1} + ... + g_BT)          (weight of token j in the state leaving)
+    M_i p    = d_i H0 p + sum_j W_ij (k_j . p) k_j + lamb ⊙ p
+
+Every exponent is a sum of same-sign terms, never a difference of two cumulative sums (which
+loses digits when |gamma| is large, see kernels/mesa/system.py). The segment sums of a block
+of rows are one exact 0/1-matrix product ("ieee" dot: products by 1.0 are exact).
+
+All tiles are fp32 whatever the input dtype; `PREC` is the tl.dot input precision of the
+mat-vec ("ieee" for fp32 inputs, "tf32" or "tf32x3" for 16-bit inputs on a GPU).
+Row vectors of a block are indexed by i (rows of the block), columns by j (tokens of the chunk).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.common.triton.tiles import load_tile, load_tile_t
+
+LOG2E_CONST = tl.constexpr(1.4426950408889634)
+FP32_TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal fp32: guards the CG divisions
+
+
+@triton.jit
+def load_gates(g, beta, seq, t0, T, H, BT: tl.constexpr):
+    """log2-unit gates and betas of one chunk, [BT] fp32 each, zero past T (a neutral pad)."""
+    o_j = t0 + tl.arange(0, BT)
+    m_j = o_j < T
+    b_g = tl.load(g + seq + o_j * H, mask=m_j, other=0.0).to(tl.float32) * LOG2E_CONST
+    b_beta = tl.load(beta + seq + o_j * H, mask=m_j, other=0.0).to(tl.float32)
+    return b_g, b_beta
+
+
+@triton.jit
+def chunk_weights(b_g, b_beta, i0, BR: tl.constexpr, BT: tl.constexpr):
+    """For rows i0 .. i0+BR-1 of a chunk (positions inside the chunk):
+    W [BR, BT] = Gamma_ij beta_j (zero above the diagonal), Gamma [BR, BT] and d [BR]."""
+    o_i = i0 + tl.arange(0, BR)
+    o_j = tl.arange(0, BT)
+    # seg[i, j] = sum_s [s <= i] [s > j] g_s as a product of a 0/1 matrix and masked gates
+    b_upto = tl.where(o_j[None, :] <= o_i[:, None], 1.0, 0.0)  # [BR, BT(s)]
+    b_after = tl.where(o_j[:, None] > o_j[None, :], b_g[:, None], 0.0)  # [BT(s), BT(j)]
+    b_seg = tl.dot(b_upto, b_after, input_precision="ieee")
+    b_gamma = tl.where(o_i[:, None] >= o_j[None, :], tl.exp2(b_seg), 0.0)
+    b_d = tl.exp2(tl.sum(b_upto * b_g[None, :], axis=1))
+    return b_gamma * b_beta[None, :], b_gamma, b_d
+
+
+@triton.jit
+def decay_to_end(b_g, BT: tl.constexpr):
+    """exp(g_{j+1} + ... + g_BT) for every token j of a chunk ([BT]; u_j = beta_j times it)
+    and the chunk decay exp(g_1 + ... + g_BT)."""
+    o_j = tl.arange(0, BT)
+    b_later = tl.sum(tl.where(o_j[None, :] > o_j[:, None], b_g[None, :], 0.0), axis=1)
+    return tl.exp2(b_later), tl.exp2(tl.sum(b_g))
+
+
+@triton.jit
+def load_system(k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T,
+                H, K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """The row data of the implicit M_i, rows i0 .. i0+BR-1 of the chunk starting at t0.
+
+    h_kk points at the K x K state entering the chunk. Returns (W [BR, BT], d [BR], lamb
+    [BK] (1 in padded columns, so padding stays zero and never divides by zero),
+    diag(M_i) [BR, BK]). The keys and H0 are not kept: `matvec` reads them each time
+    (they stream through shared memory instead of occupying registers)."""
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    b_g, b_beta = load_gates(g, beta, seq, t0, T, H, BT)
+    b_w, _, b_d = chunk_weights(b_g, b_beta, i0, BR, BT)
+    b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
+    b_h0_diag = tl.load(h_kk + o_k * (K + 1), mask=m_k, other=0.0)
+    b_lamb = tl.load(lamb + i_h * K + o_k, mask=m_k, other=1.0).to(tl.float32)
+    b_diag = (b_d[:, None] * b_h0_diag[None, :] + tl.dot(b_w, b_k * b_k, input_precision="ieee")
+              + b_lamb[None, :])
+    return b_w, b_d, b_lamb, b_diag
+
+
+@triton.jit
+def matvec(b_p, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
+           K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """Rows M_i p_i for a block of rows p [BR, BK]; p_k: the head's keys (k + seq * K),
+    p_h0: the K x K state entering the chunk (applied as p H0^T, the torch path's
+    convention, so that d(y^T M x)/dH0 = y x^T)."""
+    b_h0t = load_tile_t(p_h0, 0, 0, K, K, K, BK, BK)
+    b_kt = load_tile_t(p_k, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
+    b_k = load_tile(p_k, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
+    b_mp = tl.dot(b_p, b_h0t, input_precision=PREC) * b_d[:, None]
+    b_a = tl.dot(b_p, b_kt, input_precision=PREC) * b_w
+    b_mp += tl.dot(b_a, b_k, input_precision=PREC)
+    return b_mp + b_p * b_lamb[None, :]
+
+
+@triton.jit
+def cg_step(b_x, b_r, b_p, b_rr, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
+            K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """One conjugate-gradient iteration for every row (each row is its own system)."""
+    b_mp = matvec(b_p, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, K, BT, BK, PREC)
+    b_alpha = b_rr / tl.maximum(tl.sum(b_p * b_mp, axis=1), FP32_TINY)
+    b_x += b_alpha[:, None] * b_p
+    b_r -= b_alpha[:, None] * b_mp
+    b_rr_next = tl.sum(b_r * b_r, axis=1)
+    b_p = b_r + (b_rr_next / tl.maximum(b_rr, FP32_TINY))[:, None] * b_p
+    return b_x, b_r, b_p, b_rr_next
+
+
+@triton.jit
+def cg_solve(b_b, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, b_diag, steps, tol2,
+             K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_TOL: tl.constexpr, PREC: tl.constexpr):
+    """x with M_i x_i = b_i for every row, from the Jacobi start b / diag(M): `steps` CG
+    iterations, or fewer with HAS_TOL once every row of this block has
+    ||r||^2 <= tol2 ||b||^2 (the check the torch path makes, per block instead of globally)."""
+    b_x = b_b / b_diag
+    b_r = b_b - matvec(b_x, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, K, BT, BK, PREC)
+    b_p = b_r
+    b_rr = tl.sum(b_r * b_r, axis=1)
+    if HAS_TOL:
+        b_stop = tol2 * tl.sum(b_b * b_b, axis=1)
+        i = steps * 0
+        while (i < steps) & (tl.max(b_rr - b_stop, axis=0) > 0):
+            b_x, b_r, b_p, b_rr = cg_step(b_x, b_r, b_p, b_rr, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
+                                          K, BT, BK, PREC)
+            i += 1
+    else:
+        for _ in range(steps):
+            b_x, b_r, b_p, b_rr = cg_step(b_x, b_r, b_p, b_rr, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
+                                          K, BT, BK, PREC)
+    return b_x

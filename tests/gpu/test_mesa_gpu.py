@@ -1,0 +1,133 @@
+"""MesaNet's Triton backend on a CUDA GPU (DESIGN §8, §9).
+
+bf16 at T = 32k and 2100 with K = V = 128 against the chunked PyTorch form (kernels/mesa/chunked.py)
+run in fp64 on the same GPU with the same cg_steps (the same algorithm, so agreement is
+tight), bf16 at a short T against the exact per-token reference, and fp32 at awkward
+K, V with a CG tolerance against the exact reference. Each output and each gradient (q, k,
+v, g, beta, lamb, both initial states) is its own test item; every buffer the kernels
+write starts as NaN. Skipped without CUDA, and in a session where TRITON_INTERPRET is set
+(run tests/gpu in a pytest session of its own). Errors are printed (-s) and, when
+GPU_ERRORS_JSON names a file, written there.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.util import TOL, rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+        reason="TRITON_INTERPRET is set in this session; run tests/gpu on its own",
+    ),
+]
+
+pytest.importorskip("triton")
+
+DEVICE = "cuda"
+
+# name: (B, T, H, K, V, dtype, gates, reference, options)
+CASES = {
+    "bf16_T32768_vs_chunked": (1, 32768, 2, 128, 128, torch.bfloat16, "near0", "chunked", {"cg_steps": 30}),
+    "bf16_T300_vs_exact": (1, 300, 2, 128, 128, torch.bfloat16, "near0", "reference", {"cg_steps": 30}),
+    "bf16_T2100_strong_vs_chunked": (2, 2100, 2, 128, 128, torch.bfloat16, "strong", "chunked", {"cg_steps": 30}),
+    "fp32_T300_K100_V60_tol_vs_exact": (
+        2, 300, 3, 100, 60, torch.float32, "near0", "reference", {"cg_steps": 100, "cg_tol": 1e-7}),
+}
+QUANTITIES = ("o", "h_kk", "h_kv", "dq", "dk", "dv", "dg", "dbeta", "dlamb", "dh_kk0", "dh_kv0")
+
+
+def make_inputs(B, T, H, K, V, gates, seed=0):
+    """Leaves as a MesaNet layer makes them: unit q, k; beta = sigmoid; lamb = softplus + 0.25;
+    a symmetric PSD h_kk0 and a random h_kv0 (all fp32; q, k, v cast by the caller)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    dev = DEVICE
+    q = F.normalize(torch.randn(B, T, H, K, device=dev, generator=gen), dim=-1)
+    k = F.normalize(torch.randn(B, T, H, K, device=dev, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, device=dev, generator=gen)
+    if gates == "near0":
+        g = F.logsigmoid(torch.randn(B, T, H, device=dev, generator=gen) + 4.0)
+    else:
+        g = -6.0 * torch.rand(B, T, H, device=dev, generator=gen)
+    beta = torch.sigmoid(torch.randn(B, T, H, device=dev, generator=gen))
+    lamb = F.softplus(torch.rand(H, K, device=dev, generator=gen)) + 0.25
+    a = torch.randn(B, H, K, K, device=dev, generator=gen) / K
+    h_kk0 = a @ a.transpose(-1, -2)
+    h_kv0 = 0.1 * torch.randn(B, H, K, V, device=dev, generator=gen)
+    return [q, k, v, g, beta, lamb, h_kk0, h_kv0]
+
+
+def _outputs_and_grads(fn, leaves, cotangents=None):
+    """(o, h_kk_T, h_kv_T) and the gradient of every leaf; cotangents default to seeded
+    random ones in each output's dtype, which the caller reuses (cast) for the reference."""
+    o, final = fn(leaves)
+    outs = (o, final.h_kk, final.h_kv)
+    if cotangents is None:
+        gen = torch.Generator(device=DEVICE).manual_seed(1234)
+        cotangents = [torch.randn(t.shape, device=DEVICE, generator=gen).to(t.dtype) for t in outs]
+    cotangents = [c.to(t.dtype) for c, t in zip(cotangents, outs)]
+    return [*outs, *torch.autograd.grad(outs, leaves, cotangents)], cotangents
+
+
+@functools.cache
+def errors_of(case: str) -> dict:
+    """Errors of every output and gradient of one case against its fp64 reference."""
+    from kernels.common.triton import utils
+    from kernels.mesa.chunked import mesa_chunked
+    from kernels.mesa.reference import mesa_reference
+    from kernels.mesa.state import MesaState
+    from kernels.mesa.triton_op import mesa_triton
+
+    B, T, H, K, V, dtype, gates, reference, options = CASES[case]
+    base = make_inputs(B, T, H, K, V, gates)
+    scale = K**-0.5
+    # q, k, v in the case's dtype; g, beta, lamb, states fp32 (as a layer would pass them)
+    ours = [t.to(dtype) if i < 3 else t for i, t in enumerate(base)]
+    ours = [t.detach().clone().requires_grad_(True) for t in ours]
+    ref = [t.detach().double().requires_grad_(True) for t in ours]
+
+    def run_ours(x):
+        return mesa_triton(*x[:6], scale=scale, initial_state=MesaState(*x[6:]), output_final_state=True,
+                           chunk_size=64, **options)
+
+    def run_ref(x):
+        if reference == "chunked":
+            return mesa_chunked(*x[:6], scale, initial_state=MesaState(*x[6:]), output_final_state=True,
+                                chunk_size=64, **options)
+        return mesa_reference(*x[:6], scale, initial_state=MesaState(*x[6:]), output_final_state=True)
+
+    utils.DEBUG.poison = True
+    try:
+        got, cotangents = _outputs_and_grads(run_ours, ours)
+    finally:
+        utils.DEBUG.poison = False
+    want, _ = _outputs_and_grads(run_ref, ref, cotangents)
+    errors = {name: rel_err(a, b) for name, a, b in zip(QUANTITIES, got, want)}
+    print(case, {n: f"{e:.2e}" for n, e in errors.items()})
+    path = os.environ.get("GPU_ERRORS_JSON")
+    if path:
+        old = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+        old[case] = errors
+        with open(path, "w") as f:
+            json.dump(old, f, indent=1)
+    return errors
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("quantity", QUANTITIES)
+def test_matches_fp64(case, quantity):
+    errors = errors_of(case)
+    tol = TOL[CASES[case][5]]
+    assert errors[quantity] < tol, f"{case} {quantity}: {errors[quantity]:.3e} >= {tol} (all: {errors})"

@@ -1,0 +1,110 @@
+"""MesaNet's Triton backend under TRITON_INTERPRET=1 (set by conftest.py), against the
+per-token reference (exact solves) in fp64 (DESIGN §8, §9).
+
+Every case checks o, both final states and the gradients of q, k, v, g, beta, lamb and
+both initial states; every buffer the wrappers allocate starts as NaN (conftest fixture).
+CG runs enough steps to converge (about K for well-conditioned systems), so the reference
+is the exact solve; extreme gates, betas and a small lamb get their own cases.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.mesa import MesaState, mesa, triton_function
+from tests.util import TOL, rel_err
+
+F64 = torch.float64
+NAMES = ("o", "h_kk", "h_kv", "dq", "dk", "dv", "dg", "dbeta", "dlamb", "dh_kk0", "dh_kv0")
+
+
+def make_inputs(B, T, H, K, V, seed, lamb=(0.5, 1.5), beta=(0.1, 1.0), g=(-0.3, -0.01), with_state=True):
+    """fp64 leaves q, k (unit rows), v, g, beta, lamb and, with_state, a symmetric PSD h_kk0
+    and h_kv0."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def uniform(shape, lo, hi):
+        return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=F64)
+
+    q = torch.randn(B, T, H, K, generator=gen, dtype=F64)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=F64), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen, dtype=F64)
+    leaves = [q, k, v, uniform((B, T, H), *g), uniform((B, T, H), *beta), uniform((H, K), *lamb)]
+    if with_state:
+        a = 0.3 * torch.randn(B, H, K, K, generator=gen, dtype=F64)
+        leaves += [a @ a.transpose(-1, -2), torch.randn(B, H, K, V, generator=gen, dtype=F64)]
+    return leaves
+
+
+def run(leaves, dtype, backend, **options):
+    """o, final states and the gradient of every leaf for random cotangents (fixed seed)."""
+    ours = [t.detach().to(dtype).requires_grad_(True) for t in leaves]
+    state = MesaState(*ours[6:]) if len(ours) == 8 else None
+    o, final = mesa(*ours[:6], initial_state=state, output_final_state=True, backend=backend, **options)
+    gen = torch.Generator().manual_seed(1)
+    cotangents = [torch.randn(t.shape, generator=gen, dtype=F64).to(t.dtype) for t in (o, *final)]
+    grads = torch.autograd.grad((o, *final), ours, cotangents)
+    for leaf, grad in zip(ours, grads):
+        assert grad.dtype == leaf.dtype and grad.shape == leaf.shape
+    return [o, *final, *grads]
+
+
+def check(leaves, dtype, tol, **options):
+    ours = run(leaves, dtype, "triton", **options)
+    ref = run(leaves, F64, "reference")
+    assert ours[0].dtype == dtype and ours[1].dtype == (F64 if dtype == F64 else torch.float32)
+    errors = {name: rel_err(a, b) for name, a, b in zip(NAMES, ours, ref)}
+    bad = {name: f"{err:.2e}" for name, err in errors.items() if not err < tol}
+    assert not bad, f"errors over {tol:g}: {bad} (all: { {n: f'{e:.1e}' for n, e in errors.items()} })"
+
+
+@pytest.mark.parametrize(
+    "B,T,H,K,V,chunk_size",
+    [(2, 1, 1, 16, 32, 64), (1, 63, 2, 16, 16, 16), (1, 64, 1, 32, 16, 64), (1, 100, 1, 32, 32, 32)],
+)
+def test_matches_reference_fp32(B, T, H, K, V, chunk_size):
+    leaves = make_inputs(B, T, H, K, V, seed=T + K)
+    check(leaves, torch.float32, TOL[torch.float32], chunk_size=chunk_size, cg_steps=K + 16)
+
+
+@pytest.mark.parametrize(
+    "regime",
+    [
+        {"lamb": (1e-2, 2e-2), "beta": (1e-3, 1e-2)},  # small ridge, nearly silent writes
+        {"beta": (0.99, 1.0), "g": (-1e-4, 0.0)},  # full writes, no decay
+        {"g": (-20.0, -5.0)},  # the state forgets within a token
+    ],
+    ids=["small_lamb_beta0", "beta1_g0", "g_very_negative"],
+)
+def test_extremes_fp32(regime):
+    leaves = make_inputs(1, 70, 1, 16, 16, seed=3, **regime)
+    check(leaves, torch.float32, TOL[torch.float32], cg_steps=40)
+
+
+def test_fp16_half_chunk_rows(monkeypatch):
+    """fp16 inputs (fp32 states and CG), and CG programs of half a chunk of rows each."""
+    monkeypatch.setitem(triton_function.TUNING, "rows", 32)
+    leaves = make_inputs(1, 80, 1, 16, 16, seed=5)
+    check(leaves, torch.float16, TOL[torch.float16], cg_steps=32)
+
+
+def test_without_state_and_tolerance():
+    """No initial state; cg_tol stops early (a huge tol stops at the Jacobi start, exactly
+    cg_steps=0), a tiny one converges to the exact solve."""
+    leaves = make_inputs(1, 40, 1, 16, 16, seed=7, with_state=False)
+    args = [t.float() for t in leaves]
+    o_tol, final = mesa(*args, backend="triton", cg_steps=30, cg_tol=1e30)
+    o_zero, _ = mesa(*args, backend="triton", cg_steps=0)
+    assert final is None and torch.equal(o_tol, o_zero)
+    check(leaves, torch.float32, TOL[torch.float32], cg_steps=60, cg_tol=1e-7)
+
+
+def test_rejects_unsupported():
+    args = [t.float() for t in make_inputs(1, 4, 1, 16, 16, seed=0, with_state=False)]
+    with pytest.raises(ValueError, match="chunk_size"):
+        mesa(*args, backend="triton", chunk_size=48)
+    wide = make_inputs(1, 2, 1, 136, 16, seed=0, with_state=False)
+    with pytest.raises(ValueError, match="K <= 128"):
+        mesa(*[t.float() for t in wide], backend="triton")
