@@ -5,3 +5,5 @@ import tasks.throughput  # noqa: F401
 import tasks.memory  # noqa: F401
 import tasks.lm  # noqa: F401
 import tasks.lm_eval_bridge.task  # noqa: F401
+import tasks.niah  # noqa: F401
+import tasks.fidelity  # noqa: F401
