@@ -27,13 +27,7 @@ def eval_cmd(
     no_wandb: bool = typer.Option(False, "--no-wandb", help="do not log to wandb"),
 ) -> None:
     """Evaluate a checkpoint with lm-evaluation-harness; writes one record (task lm-eval)."""
-    from rich.markup import escape
-
-    from harness.cli import _print_results, _progress, console
-    from harness.cli import fail as _fail
-
-    def fail(message: str, code: int = 2) -> typer.Exit:
-        return _fail(escape(message), code)  # messages hold brackets: '.[lm-eval]', '[0, 128)'
+    from harness.cli import _print_results, _progress, console, fail  # fail() escapes rich markup
 
     from tasks.lm_eval_bridge import LM_EVAL_MISSING, lm_eval_available
 
