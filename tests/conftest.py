@@ -11,3 +11,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# Without a GPU, Triton kernels run in the interpreter. The flag must be set before any kernel
+# module is imported in this process (@triton.jit reads it at decoration time), and with xdist a
+# worker may import kernels from any test file first, so it is set here for the whole session.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
