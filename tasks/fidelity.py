@@ -120,6 +120,7 @@ class Fidelity(Task):
     setting_fields = ("seq_lens", "logit_stds", "batch", "heads", "head_dim", "mqar", "capture")
     shown_metrics = ("softmax_accuracy", "swap_accuracy")
     presets = {
+        # About 1-1.5 min per mixer on 2 idle CPU cores; the softmax MQAR model reaches 99.7 %.
         "default": {"mqar": _mqar(8_000, 4)},
         "tiny": {
             "seq_lens": [8, 32], "logit_stds": [0.5, 2.0], "batch": 1, "head_dim": 16,

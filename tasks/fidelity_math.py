@@ -20,10 +20,16 @@ All functions take q, k: [B, T, H, K], v: [B, T, H, V] (the op layout) and compu
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import import_module
 
 import torch
 import torch.nn.functional as F
+
+from kernels import (
+    linear_attention,
+    linearized_softmax_gdn,
+    softmax_attention,
+    vala_attention,
+)
 
 OpFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "float | None", str], torch.Tensor]
 
@@ -124,20 +130,14 @@ def gaussian_qkv(batch: int, seq_len: int, heads: int, head_dim: int, logit_std:
 
 # -- the ops compared (each: (q, k, v, scale, backend) -> o [B, T, H, V]) ------------------
 
-def _kernel(folder: str, name: str) -> Callable:
-    """An op function from its own package (`kernels.<op>` can be shadowed by the subpackage
-    once a submodule is imported, so the package root is not used)."""
-    return getattr(import_module(f"kernels.{folder}"), name)
-
-
 def softmax_op(q, k, v, scale, backend):
     """Causal softmax attention: the ground truth."""
-    return _kernel("softmax_attention", "softmax_attention")(q, k, v, scale=scale, backend=backend)[0]
+    return softmax_attention(q, k, v, scale=scale, backend=backend)[0]
 
 
 def lin_gdn_op(q, k, v, scale, backend):
     """Linearized softmax as a gated delta rule (DESIGN §7)."""
-    return _kernel("linearized_softmax_gdn", "linearized_softmax_gdn")(q, k, v, scale=scale, backend=backend)[0]
+    return linearized_softmax_gdn(q, k, v, scale=scale, backend=backend)[0]
 
 
 def balance_factor(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
@@ -159,7 +159,7 @@ def lin_gdn_balanced_op(q, k, v, scale, backend, factor: torch.Tensor | None = N
 
 def vala_op(q, k, v, scale, backend):
     """First-order ("vanilla") linearisation of every softmax weight (DESIGN §7)."""
-    return _kernel("linearized_softmax_gdn", "vala_attention")(q, k, v, scale=scale, backend=backend)[0]
+    return vala_attention(q, k, v, scale=scale, backend=backend)[0]
 
 
 def diag_rnn_op(q, k, v, scale, backend):
@@ -173,14 +173,13 @@ def linear_elu1_op(q, k, v, scale, backend):
     the scale cancels in the ratio."""
     phi_q, phi_k = F.elu(q) + 1.0, F.elu(k) + 1.0
     ones = torch.ones_like(v[..., :1])
-    linear_attention = _kernel("linear_attention", "linear_attention")
     o = linear_attention(phi_q, phi_k, torch.cat([v, ones], dim=-1), scale=1.0, backend=backend)[0]
     return o[..., :-1] / o[..., -1:]
 
 
 def linear_raw_op(q, k, v, scale, backend):
     """Unnormalised linear attention, identity feature map: o_t = sum_{i<=t} (q'_t.k_i) v_i."""
-    return _kernel("linear_attention", "linear_attention")(q, k, v, scale=scale, backend=backend)[0]
+    return linear_attention(q, k, v, scale=scale, backend=backend)[0]
 
 
 OPS: dict[str, OpFn] = {
