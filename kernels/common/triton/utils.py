@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from kernels.common.dispatch import triton_interpret
+
 # exp(x) == exp2(x * LOG2E): cumulative gates are kept in log2 units so kernels use exp2.
 LOG2E = 1.4426950408889634
 
@@ -57,12 +59,7 @@ def check_chunk_size(op: str, chunk_size: int) -> int:
     return chunk_size
 
 
-def interpreting() -> bool:
-    """True when kernels run on the CPU through TRITON_INTERPRET=1."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def warps(gpu: int) -> int:
     """num_warps for a launch: the tuned value on a GPU, 1 under the interpreter (where it
     only multiplies the emulation work)."""
-    return 1 if interpreting() else gpu
+    return 1 if triton_interpret() else gpu
