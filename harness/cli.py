@@ -9,8 +9,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+from harness.progress import make_progress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark and evaluate sequence mixers.")
 # Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns.
@@ -69,11 +70,9 @@ def list_cmd() -> None:
         console.print("[dim]No CUDA device here: the triton backend runs only under TRITON_INTERPRET=1 (tests).[/]")
 
 
-def _progress() -> Progress:
-    return Progress(
-        SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
-        MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
-    )
+def _progress():
+    """rich's live bar on a terminal; throttled plain lines in logs and pipes."""
+    return make_progress(console)
 
 
 @app.command("run")
