@@ -195,11 +195,16 @@ def main():
         row["ratios"] = ratios
         row["cross_check"] = cross_check(cands, do)
         row["kernels_ms"] = kernel_breakdown(q, k, v, g, beta, do, scale)
+        o_default = cands["ours_gdn"][0]().detach()
         for over in json.loads(args.variants) if args.variants and T in args.variants_T else []:
             saved = {n: dict(c) for n, c in TUNING.items()}
             for name, o in over.items():
                 TUNING[name].update(o)
-            row.setdefault("variants", []).append({"tuning": over, "kernels_ms": kernel_breakdown(q, k, v, g, beta, do, scale)})
+            # how far the variant moves the output (e.g. a tf32 solve against the fp32 one)
+            o_vs_default = rel(cands["ours_gdn"][0]().detach(), o_default)
+            row.setdefault("variants", []).append(
+                {"tuning": over, "o_vs_default": o_vs_default, "kernels_ms": kernel_breakdown(q, k, v, g, beta, do, scale)})
+            print(T, "variant", row["variants"][-1], flush=True)
             for n, c in saved.items():
                 TUNING[n].clear()
                 TUNING[n].update(c)

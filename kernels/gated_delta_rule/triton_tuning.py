@@ -21,7 +21,8 @@ import triton
 CHUNK = 64  # tokens per chunk: the solve in kernels/common/triton/solve.py is written for 64
 
 TUNING: dict[str, dict[str, int]] = {
-    "wy_fwd": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1},
+    # tf32_solve: 1 = the chunk inverse for 16-bit inputs on tensor cores (tf32), 0 = true fp32
+    "wy_fwd": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1, "tf32_solve": 0},
     "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2},
     "output_fwd": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2},
     "du_local": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2},
@@ -48,6 +49,14 @@ def dot_prec(dtype: torch.dtype) -> str:
     """fp32 inputs get true fp32 products (tf32 would miss fp32's 1e-4 tolerance); for 16-bit
     operands the setting is moot."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def solve_prec(dtype: torch.dtype) -> str:
+    """Dot precision of the chunk inverse (I + A)^{-1}: true fp32 unless the inputs are 16-bit
+    and TUNING["wy_fwd"]["tf32_solve"] is set (the inverse is then rounded to 16 bits anyway)."""
+    if dtype != torch.float32 and TUNING["wy_fwd"].get("tf32_solve"):
+        return "tf32"
+    return "ieee"
 
 
 def seq_block_v(V: int, n_heads: int, device: torch.device, cap: int) -> int:

@@ -21,7 +21,7 @@ import triton.language as tl
 from kernels.common.triton.solve import unit_lower_inverse_64
 from kernels.common.triton.utils import new_buffer, warps
 from kernels.gated_delta_rule.triton_tiles import causal_decay, load_tile, load_vec, store_tile, store_vec
-from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, pow2
+from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, pow2, solve_prec
 
 
 @triton.jit
@@ -40,7 +40,7 @@ def _kkt_block(b_kk, b_bi, b_gi, b_gj, DIAG: tl.constexpr, USE_G: tl.constexpr):
 def wy_fwd_kernel(
     k, v, beta, g, gam, tm, w, u0, T, H,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -107,7 +107,7 @@ def wy_fwd_kernel(
     a32 = _kkt_block(a32, b_b3, b_g3, b_g2, False, USE_G)
     a33 = _kkt_block(a33, b_b3, b_g3, b_g3, True, USE_G)
     t00, t10, t11, t20, t21, t22, t30, t31, t32, t33 = unit_lower_inverse_64(
-        a00, a10, a11, a20, a21, a22, a30, a31, a32, a33)
+        a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, SOLVE_PREC)
 
     # Tm, zero blocks above the diagonal included (the backward reads whole 64 x 64 tiles)
     p_tm = tm + seq * 64
@@ -188,7 +188,7 @@ def wy_fwd(
     wy_fwd_kernel[grid](
         k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm, w, u0, T,
         H=H, K=K, V=V, BK=pow2(K, cfg["BK"]), BV=pow2(V, cfg["BV"]),
-        USE_G=g is not None, PREC=dot_prec(dt), num_warps=warps(cfg["num_warps"]),
+        USE_G=g is not None, PREC=dot_prec(dt), SOLVE_PREC=solve_prec(dt), num_warps=warps(cfg["num_warps"]),
         num_stages=cfg["num_stages"],
     )
     return gam, tm, w, u0

@@ -15,8 +15,8 @@ forward substitution (Du Croz and Higham, 1992) and needs 4 sequential steps per
 instead of 15. All products are 16 x 16 x 16 in fp32 ("ieee" dots), so the inverse is as
 exact as fp32 allows on any GPU and under TRITON_INTERPRET=1.
 
-    unit_lower_inverse_16(b_a)          b_a [16, 16] fp32, strictly lower -> (I + b_a)^{-1}
-    unit_lower_inverse_64(a00, ..., a33) the ten blocks of A -> the ten blocks of Tm
+    unit_lower_inverse_16(b_a, ..., PREC) b_a [16, 16] fp32, strictly lower -> (I + b_a)^{-1}
+    unit_lower_inverse_64(a00, ..., a33, PREC) the ten blocks of A -> the ten blocks of Tm
 
 No block is ever transposed here: on Hopper with Triton 3.4 to 3.7.0, feeding tl.trans of
 a dot result to another dot miscompiles (flash-linear-attention issue 640).
@@ -29,7 +29,7 @@ import triton.language as tl
 
 
 @triton.jit
-def unit_lower_inverse_16(b_a, m2, m4, m8):
+def unit_lower_inverse_16(b_a, m2, m4, m8, PREC: tl.constexpr):
     """(I + b_a)^{-1} for b_a [16, 16] fp32 strictly lower triangular, by recursive doubling.
 
     m2, m4, m8: [16, 16] masks of the entries coupling the two halves of each 2s-block
@@ -38,14 +38,14 @@ def unit_lower_inverse_16(b_a, m2, m4, m8):
     o_r = tl.arange(0, 16)
     m1 = (o_r[:, None] == o_r[None, :] + 1) & (o_r[:, None] % 2 == 1)
     b_t = tl.where(o_r[:, None] == o_r[None, :], 1.0, tl.where(m1, -b_a, 0.0))
-    b_t -= tl.dot(b_t, tl.dot(tl.where(m2, b_a, 0.0), b_t, input_precision="ieee"), input_precision="ieee")
-    b_t -= tl.dot(b_t, tl.dot(tl.where(m4, b_a, 0.0), b_t, input_precision="ieee"), input_precision="ieee")
-    b_t -= tl.dot(b_t, tl.dot(tl.where(m8, b_a, 0.0), b_t, input_precision="ieee"), input_precision="ieee")
+    b_t -= tl.dot(b_t, tl.dot(tl.where(m2, b_a, 0.0), b_t, input_precision=PREC), input_precision=PREC)
+    b_t -= tl.dot(b_t, tl.dot(tl.where(m4, b_a, 0.0), b_t, input_precision=PREC), input_precision=PREC)
+    b_t -= tl.dot(b_t, tl.dot(tl.where(m8, b_a, 0.0), b_t, input_precision=PREC), input_precision=PREC)
     return b_t
 
 
 @triton.jit
-def unit_lower_inverse_64(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33):
+def unit_lower_inverse_64(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, PREC: tl.constexpr):
     """Blocks of (I + A)^{-1} for a 64 x 64 strictly lower A given as 16 x 16 fp32 blocks
     a_ij (row block i, column block j, i >= j; the a_ii strictly lower).
 
@@ -56,17 +56,17 @@ def unit_lower_inverse_64(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33):
     m2 = ((r // 4) == (c // 4)) & ((r // 2) > (c // 2))
     m4 = ((r // 8) == (c // 8)) & ((r // 4) > (c // 4))
     m8 = (r // 8) > (c // 8)
-    t00 = unit_lower_inverse_16(a00, m2, m4, m8)
-    t11 = unit_lower_inverse_16(a11, m2, m4, m8)
-    t22 = unit_lower_inverse_16(a22, m2, m4, m8)
-    t33 = unit_lower_inverse_16(a33, m2, m4, m8)
-    t10 = -tl.dot(t11, tl.dot(a10, t00, input_precision="ieee"), input_precision="ieee")
-    t21 = -tl.dot(t22, tl.dot(a21, t11, input_precision="ieee"), input_precision="ieee")
-    t20 = -tl.dot(t22, tl.dot(a20, t00, input_precision="ieee") + tl.dot(a21, t10, input_precision="ieee"),
-                  input_precision="ieee")
-    t32 = -tl.dot(t33, tl.dot(a32, t22, input_precision="ieee"), input_precision="ieee")
-    t31 = -tl.dot(t33, tl.dot(a31, t11, input_precision="ieee") + tl.dot(a32, t21, input_precision="ieee"),
-                  input_precision="ieee")
-    t30 = -tl.dot(t33, tl.dot(a30, t00, input_precision="ieee") + tl.dot(a31, t10, input_precision="ieee")
-                  + tl.dot(a32, t20, input_precision="ieee"), input_precision="ieee")
+    t00 = unit_lower_inverse_16(a00, m2, m4, m8, PREC)
+    t11 = unit_lower_inverse_16(a11, m2, m4, m8, PREC)
+    t22 = unit_lower_inverse_16(a22, m2, m4, m8, PREC)
+    t33 = unit_lower_inverse_16(a33, m2, m4, m8, PREC)
+    t10 = -tl.dot(t11, tl.dot(a10, t00, input_precision=PREC), input_precision=PREC)
+    t21 = -tl.dot(t22, tl.dot(a21, t11, input_precision=PREC), input_precision=PREC)
+    t20 = -tl.dot(t22, tl.dot(a20, t00, input_precision=PREC) + tl.dot(a21, t10, input_precision=PREC),
+                  input_precision=PREC)
+    t32 = -tl.dot(t33, tl.dot(a32, t22, input_precision=PREC), input_precision=PREC)
+    t31 = -tl.dot(t33, tl.dot(a31, t11, input_precision=PREC) + tl.dot(a32, t21, input_precision=PREC),
+                  input_precision=PREC)
+    t30 = -tl.dot(t33, tl.dot(a30, t00, input_precision=PREC) + tl.dot(a31, t10, input_precision=PREC)
+                  + tl.dot(a32, t20, input_precision=PREC), input_precision=PREC)
     return t00, t10, t11, t20, t21, t22, t30, t31, t32, t33
