@@ -15,7 +15,7 @@
 # .whl/harness/*.whl is pydantic and its dependencies for Python 3.12 (the device image has
 # no pydantic). Everything lands in $OUT: <task>_<mixers>.tar.gz (the records and their
 # PNGs, laid out as results/; extract with `tar -xzf FILE -C results`), <task>_<mixers>.log
-# and env.txt. TIME_LIMIT=seconds (default 570) stops the run with SIGINT. DEVICE=cpu PRESET=tiny runs the same steps on a CPU (a check of the script). PRESET=... overrides the preset (e.g. PRESET=tiny for a 1-minute smoke run);
+# and env.txt. COMPARE_FLA=0: no FLA column. TIME_LIMIT=seconds (default 570) stops the run with SIGINT. DEVICE=cpu PRESET=tiny runs the same steps on a CPU (a check of the script). PRESET=... overrides the preset (e.g. PRESET=tiny for a 1-minute smoke run);
 # arguments after the mixers go to `harness run` as they are, e.g.
 #   bash benchmarks/gpu_efficiency.sh throughput mesa --set mixer.backend=torch
 set -uo pipefail
@@ -59,7 +59,8 @@ cat "$OUT/env.txt"
 python3 -c "import tasks.builtin, mixers.builtin" || { echo "the harness does not import here; see env.txt"; exit 1; }
 
 EXTRA=()
-[ "$TASK" = throughput ] && EXTRA=(--set "compare=[fla]")
+# COMPARE_FLA=0 leaves FLA's column out (its first calls autotune for minutes on a fresh machine)
+[ "$TASK" = throughput ] && [ "${COMPARE_FLA:-1}" = 1 ] && EXTRA=(--set "compare=[fla]")
 timeout -s INT "${TIME_LIMIT:-570}" python3 -m harness.cli run --mixer "$MIXERS" --task "$TASK" --preset "$PRESET" --device "$DEVICE" \
     "${EXTRA[@]}" "${@:3}" --results "$RESULTS" --no-wandb 2>&1 | tee "$OUT/$TAG.log"
 status=${PIPESTATUS[0]}

@@ -160,3 +160,20 @@ def test_timer_medians_and_bad_options():
     assert summarize([3.0, 1.0, 2.0]).median_ms == 2.0
     with pytest.raises(ValueError, match="min_repeats"):
         TimingOptions(min_repeats=0)
+
+
+def test_softmax_is_timed_once_per_process_and_shared(tmp_path, monkeypatch):
+    monkeypatch.setattr(throughput_module, "_SHARED", {})
+    sets = dict(phases="[fwd]", modes="[op]", sweeps="[budget]")
+    first = _run(tmp_path / "a", mixer="linear", **sets).details["points"]
+    second = _run(tmp_path / "b", mixer="gla", **sets).details["points"]
+    assert not any(p["softmax_reused"] for p in first)
+    assert all(p["softmax_reused"] for p in second)
+    assert [p["softmax_ms"] for p in first] == [p["softmax_ms"] for p in second]
+    for p, q in zip(first, second):
+        for name, col in q["baselines"].items():
+            assert col["reused"] and col["ms"] == p["baselines"][name]["ms"]
+            assert col["speedup"] == pytest.approx(col["ms"] / q["ms"])
+    # other timing options are other measurements
+    third = _run(tmp_path / "c", mixer="gla", **sets, **{"timing.min_repeats": 3}).details["points"]
+    assert not any(p["softmax_reused"] for p in third)
