@@ -132,6 +132,14 @@ def resolve_config(
         raise ConfigError(f"invalid config for task {task.name!r}: {e}") from None
 
 
+def check_task_takes(task_cls: type, mixer: str) -> None:
+    """ConfigError when the task refuses the mixer (Task.check_mixer), before any work."""
+    try:
+        task_cls.check_mixer(mixer)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def validate_mixer_options(mixer: str, config: BaseModel) -> None:
     """Check the task's mixer options against the mixer's own Config.
 

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from harness.config import ConfigError, config_hash, resolve_config, validate_mixer_options
+from harness.config import ConfigError, check_task_takes, config_hash, resolve_config, validate_mixer_options
 from harness.executors import Executor, Job, Outcome
 from harness.records import runs_dir
 
@@ -189,6 +189,7 @@ def expand(
                 config = cfg.model_dump(mode="json")
                 for mixer in mixers:
                     try:
+                        check_task_takes(task, mixer)
                         validate_mixer_options(mixer, cfg)
                     except ConfigError as e:
                         errors.append(f"{where} (task {task_name}, preset {preset}, mixer {mixer}): {e}")

@@ -22,6 +22,13 @@ def gate_precision(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+def write_strength(logits: torch.Tensor) -> torch.Tensor:
+    """beta = sigmoid(logits) in fp32 or wider, kept inside the ops' (0, 1]: a logit below
+    about -88 underflows to exactly 0 in fp32 (seen in diverging runs), which the ops refuse."""
+    beta = torch.sigmoid(gate_precision(logits))
+    return beta.clamp_min(torch.finfo(beta.dtype).tiny)
+
+
 class MixerConfig(BaseModel):
     """Options every mixer takes; a mixer subclasses this to add its own."""
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from kernels import delta_rule, delta_rule_step
-from mixers.base import gate_precision
+from mixers.base import write_strength
 from mixers.projected import ProjectedMixer
 from mixers.registry import register_mixer
 
@@ -23,7 +22,7 @@ class DeltaNet(ProjectedMixer):
         self.b_proj = nn.Linear(d_model, self.num_heads, bias=True)
 
     def gates(self, x):
-        return {"beta": torch.sigmoid(gate_precision(self.b_proj(x)))}
+        return {"beta": write_strength(self.b_proj(x))}
 
     def run_op(self, q, k, v, gates, initial_state=None, output_final_state=False):
         return delta_rule(

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import gated_delta_rule, gated_delta_rule_step
-from mixers.base import gate_precision
+from mixers.base import gate_precision, write_strength
 from mixers.projected import ProjectedMixer
 from mixers.registry import register_mixer
 
@@ -43,7 +43,7 @@ class GatedDeltaNet(ProjectedMixer):
     def gates(self, x):
         return {
             "g": decay_gate(self.a_proj(x), self.A_log, self.dt_bias),
-            "beta": torch.sigmoid(gate_precision(self.b_proj(x))),
+            "beta": write_strength(self.b_proj(x)),
         }
 
     def run_op(self, q, k, v, gates, initial_state=None, output_final_state=False):

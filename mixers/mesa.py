@@ -9,7 +9,7 @@ from pydantic import Field
 from torch import nn
 
 from kernels import mesa, mesa_step
-from mixers.base import MixerConfig, gate_precision
+from mixers.base import MixerConfig, gate_precision, write_strength
 from mixers.gdn import decay_gate, decay_parameters
 from mixers.projected import ProjectedMixer
 from mixers.registry import register_mixer
@@ -41,7 +41,7 @@ class MesaNet(ProjectedMixer):
     def gates(self, x):
         return {
             "g": decay_gate(self.a_proj(x), self.A_log, self.dt_bias),
-            "beta": torch.sigmoid(gate_precision(self.b_proj(x))),
+            "beta": write_strength(self.b_proj(x)),
         }
 
     def run_op(self, q, k, v, gates, initial_state=None, output_final_state=False):

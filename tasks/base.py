@@ -83,5 +83,12 @@ class Task:
     setting_fields: ClassVar[tuple[str, ...]] = ()
     shown_metrics: ClassVar[tuple[str, ...]] = ()
 
+    @classmethod
+    def check_mixer(cls, mixer: str) -> None:
+        """Raise ValueError (naming the valid mixers) when this task cannot run `mixer`.
+
+        The harness calls it before any run starts, so a mixer the task does not take is
+        bad input (exit 2, no record), not a failed run. Default: every mixer is taken."""
+
     def run(self, ctx: RunContext) -> TaskResult:
         raise NotImplementedError

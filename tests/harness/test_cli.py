@@ -43,6 +43,8 @@ def test_list_shows_mixers_tasks_backends(monkeypatch):
         (["--mixer", "gdn", "--task", "mqar", "--set", "optim.lr=fast"], "optim.lr"),
         (["--mixer", "gdn", "--task", "mqar", "--preset", "nope"], "valid presets"),
         (["--mixer", "gdn", "--task", "mqar", "--set", "model.mixer.heads=2"], "heads"),
+        # a task that does not take the mixer refuses it before any run (and before linear runs)
+        (["--mixer", "linear,gla", "--task", "fidelity", "--preset", "tiny"], "Valid mixers: lin_gdn, linear"),
     ],
 )
 def test_bad_input_exit_2_and_no_record(tmp_path, args, needle):

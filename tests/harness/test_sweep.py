@@ -219,7 +219,7 @@ def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     small = {"train": [{"seq_len": 32, "num_kv_pairs": 4, "num_examples": 128}],  # two steps
              "test": [{"seq_len": 32, "num_kv_pairs": 4, "num_examples": 16}]}
     sweep = SweepFile(**{"mixers": ["gdn"], "presets": ["tiny"], "set": small, "grid": [
-        {"tasks": ["mqar"], "set": {"optim.lr": 1.0e6}},  # the loss goes NaN
+        {"tasks": ["mqar"], "set": {"optim.lr": 1.0e30}},  # the loss goes NaN
         {"tasks": ["mqar"], "set": {"model.mixer.backend": "bogus"}},  # valid type, fails at run time
         {"tasks": ["mqar"], "set": {"optim.epochs": 2}},  # out of memory (patched)
         {"tasks": ["mqar"]},
