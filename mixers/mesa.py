@@ -9,13 +9,13 @@ from pydantic import Field
 from torch import nn
 
 from kernels import mesa, mesa_step
-from mixers.base import MixerConfig, gate_precision, write_strength
-from mixers.gdn import decay_gate, decay_parameters
+from mixers.base import gate_precision, write_strength
+from mixers.gdn import DecayConfig, decay_gate, decay_parameters
 from mixers.projected import ProjectedMixer
 from mixers.registry import register_mixer
 
 
-class MesaConfig(MixerConfig):
+class MesaConfig(DecayConfig):
     cg_steps: int = Field(15, ge=1, description="conjugate-gradient iterations per chunk")
     cg_tol: float | None = Field(None, gt=0, description="stop CG early below this relative residual")
     lamb_min: float = Field(0.25, gt=0, description="lower bound of the learned ridge lamb")
@@ -31,7 +31,7 @@ class MesaNet(ProjectedMixer):
         super().__init__(d_model, config)
         self.a_proj = nn.Linear(d_model, self.num_heads, bias=False)
         self.b_proj = nn.Linear(d_model, self.num_heads, bias=True)
-        self.A_log, self.dt_bias = decay_parameters(self.num_heads)
+        self.A_log, self.dt_bias = decay_parameters(self.num_heads, config)
         self.lamb_raw = nn.Parameter(torch.zeros(self.num_heads, self.head_dim))
 
     def lamb(self) -> torch.Tensor:
