@@ -68,7 +68,8 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
         mixer=spec.mixer, config=spec.config, device=spec.device, seed=spec.seed, artifact_dir=adir,
         progress=progress or NullProgress(), log=tracker.log,
     )
-    started, t0 = _now(), time.perf_counter()
+    # the source as it was when the run began (a tree edited during a long run must not relabel it)
+    commit, started, t0 = git_commit(), _now(), time.perf_counter()
     tracker.start(
         name=run_id, group=f"{spec.task.name}/{spec.preset}",
         config={"mixer": spec.mixer, "task": spec.task.name, "preset": spec.preset, "seed": spec.seed, **config},
@@ -90,7 +91,7 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
         run_id=run_id, config_hash=chash, mixer=spec.mixer, task=spec.task.name, preset=spec.preset,
         config=config, metrics={k: float(v) for k, v in metrics.items()}, details=details,
         artifacts=[f"{run_id}/{a}" for a in artifacts], backend=backend, device=device_name(spec.device),
-        versions=versions(), git_commit=git_commit(), seed=spec.seed, started=started, finished=_now(),
+        versions=versions(), git_commit=commit, seed=spec.seed, started=started, finished=_now(),
         duration_s=time.perf_counter() - t0, status=status, error=error,
     )
     path = write_record(results, record)

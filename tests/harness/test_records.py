@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from harness.records import SCHEMA, RunRecord, load_records, write_record
 
@@ -59,3 +60,19 @@ def test_torn_file_is_skipped(tmp_path):
     write_record(tmp_path, make_record(run_id="good"))
     (tmp_path / "runs" / "mqar" / "torn.json").write_text('{"schema": "harness.run/1", "run_')
     assert [r.run_id for _, r in load_records(tmp_path)] == ["good"]
+
+
+def test_commit_is_taken_when_the_run_starts(tmp_path, monkeypatch):
+    """A tree edited (or committed) during a long run must not relabel the run."""
+    import harness.runner as runner_module
+    from harness.config import resolve_config
+    from harness.runner import RunSpec, execute
+    from harness.tracking import Tracker
+    from tasks import get_task
+
+    commits = iter(["aaaaaaa", "bbbbbbb"])
+    monkeypatch.setattr(runner_module, "git_commit", lambda: next(commits))
+    task = get_task("mqar")
+    spec = RunSpec("linear", task, "tiny", resolve_config(task, "tiny", None, []), torch.device("cpu"), 0)
+    record, _ = execute(spec, tmp_path, Tracker(enabled=False))
+    assert record.git_commit == "aaaaaaa"
