@@ -40,6 +40,8 @@ class MixerConfig(BaseModel):
     conv_size: int = Field(4, ge=1, le=16, description="short convolution width")
     backend: str = Field("auto", description="op backend: auto, reference, torch, triton (softmax: flash_attn)")
     chunk_size: int = Field(64, ge=16, description="chunk length of the chunkwise forms")
+    output_gate: bool | None = Field(
+        None, description="RMSNorm + SiLU gate on the op's output; null: the mixer's own default")
 
     @field_validator("chunk_size")
     @classmethod

@@ -26,7 +26,8 @@ class DecodeCache(NamedTuple):
 class ProjectedMixer(Mixer):
     """q, k, v projections -> op -> (norm, gate) -> output projection."""
 
-    # SiLU-gated, RMS-normalised output (GLA/GDN style); off for softmax-shaped mixers.
+    # SiLU-gated, RMS-normalised output (GLA/GDN style) by default; off for softmax-shaped
+    # mixers. MixerConfig.output_gate overrides it per instance (self.gated_output).
     output_gate: ClassVar[bool] = True
     # l2-normalise q and k per head (the delta rules need ||k|| = 1 for stability).
     l2norm_qk: ClassVar[bool] = False
@@ -42,7 +43,8 @@ class ProjectedMixer(Mixer):
             self.q_conv = ShortConv(H * D, config.conv_size)
             self.k_conv = ShortConv(H * D, config.conv_size)
             self.v_conv = ShortConv(H * D, config.conv_size)
-        if self.output_gate:
+        self.gated_output = self.output_gate if config.output_gate is None else config.output_gate
+        if self.gated_output:
             self.o_norm = nn.RMSNorm(D, eps=1e-6)
             self.g_proj = nn.Linear(d_model, H * D, bias=False)
 
@@ -78,7 +80,7 @@ class ProjectedMixer(Mixer):
         return q, k, self._heads(v)
 
     def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if self.output_gate:
+        if self.gated_output:
             o = self.o_norm(o) * F.silu(self._heads(self.g_proj(x)))
         return self.o_proj(o.flatten(-2))
 

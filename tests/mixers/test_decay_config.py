@@ -29,3 +29,13 @@ def test_default_ranges_are_mamba2s():
 def test_bad_ranges_are_refused_with_the_field_name(bad):
     with pytest.raises(ValidationError, match="decay_dt_range"):
         build_mixer("gdn", 64, {"decay_dt_range": bad})
+
+
+@pytest.mark.parametrize("name,default", [("gla", True), ("linear", False), ("gdn", True)])
+def test_output_gate_option_overrides_the_mixer_default(name, default):
+    assert build_mixer(name, 32, {}).gated_output is default
+    flipped = build_mixer(name, 32, {"output_gate": not default})
+    assert flipped.gated_output is (not default)
+    assert hasattr(flipped, "g_proj") is (not default)
+    x = torch.randn(2, 9, 32)
+    assert flipped(x).shape == x.shape
