@@ -195,8 +195,9 @@ def main():
         row["ratios"] = ratios
         row["cross_check"] = cross_check(cands, do)
         row["kernels_ms"] = kernel_breakdown(q, k, v, g, beta, do, scale)
-        o_default = cands["ours_gdn"][0]().detach()
-        for over in json.loads(args.variants) if args.variants and T in args.variants_T else []:
+        variants = json.loads(args.variants) if args.variants and T in args.variants_T else []
+        o_default = cands["ours_gdn"][0]().detach() if variants else None
+        for over in variants:
             saved = {n: dict(c) for n, c in TUNING.items()}
             for name, o in over.items():
                 TUNING[name].update(o)

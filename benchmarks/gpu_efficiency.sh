@@ -30,16 +30,7 @@ RESULTS=/tmp/gpu_efficiency_results/$TAG  # one folder per call: the tarball hol
 mkdir -p "$OUT" "$RESULTS"
 
 DEVICE=${DEVICE:-cuda}
-SITE=${SITE:-/tmp/site}
-export PYTHONPATH=.
-# FLA always (when carried); pydantic and its dependencies only where the image lacks them.
-wheels=$(ls .whl/*.whl 2>/dev/null)
-python3 -c "import pydantic" 2>/dev/null || wheels="$wheels $(ls .whl/harness/*.whl 2>/dev/null)"
-if [ -n "${wheels// /}" ]; then
-    # shellcheck disable=SC2086
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" $wheels || exit 1
-    export PYTHONPATH="$SITE:."
-fi
+source benchmarks/carried_wheels.sh
 # The device gets a copy of the tree without .git: pass the commit in (HARNESS_GIT_COMMIT=...).
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
 

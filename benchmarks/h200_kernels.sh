@@ -7,24 +7,19 @@
 #   bash benchmarks/h200_kernels.sh            # with carry=[".whl"]; results land in $OUT
 #
 # DELTA_S / LINEAR_S: seconds for each stage (defaults 170 / 330).
-# VARIANTS: JSON list of TUNING overrides timed per kernel at T = 8192 (bench_delta.py --variants).
+# VARIANTS: JSON list of TUNING overrides timed per kernel at T = 8192 (bench_delta.py --variants;
+# none by default: the variants of 2026-11-29 are adopted, results/bench/h200_delta.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/h200_kernels_out}
 mkdir -p "$OUT"
-SITE=${SITE:-/tmp/site}
-wheels=$(ls .whl/*.whl 2>/dev/null)
-python3 -c "import pydantic" 2>/dev/null || wheels="$wheels $(ls .whl/harness/*.whl 2>/dev/null)"
-if [ -n "${wheels// /}" ]; then
-    # shellcheck disable=SC2086
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" $wheels || exit 1
-fi
-export PYTHONPATH="$SITE:." PYTHONUNBUFFERED=1
+source benchmarks/carried_wheels.sh
+export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/env.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >>"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-VARIANTS=${VARIANTS:-'[{"wy_fwd": {"tf32_solve": 1}}, {"wy_fwd": {"num_warps": 2}}, {"wy_fwd": {"tf32_solve": 1, "num_warps": 2}}, {"wy_fwd": {"BK": 128, "BV": 128}}, {"wy_fwd": {"num_stages": 2}}]'}
+VARIANTS=${VARIANTS:-}  # e.g. '[{"wy_fwd": {"BK": 128, "BV": 128}}]'
 timeout -s INT "${DELTA_S:-170}" python3 benchmarks/bench_delta.py --out "$OUT/h200_delta.json" \
     --variants "$VARIANTS" --variants-T 8192 2>&1 | tee "$OUT/delta.log"
 timeout -s INT "${LINEAR_S:-330}" python3 benchmarks/bench_linear_gla.py --out "$OUT/h200_linear_gla.json" \

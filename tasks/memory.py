@@ -8,15 +8,15 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from tasks.base import RunContext, Task, TaskConfig, TaskResult
+from tasks.base import RunContext, Task, TaskResult
+from tasks.common.layer_config import LayerTaskConfig
 from tasks.common.memprobe import MixerFwdBwd, Probe, peak_memory
 from tasks.common.plots import plot_memory, plot_state_bytes
 from tasks.common.timing import cpu_threads
 from tasks.common.workloads import (
     DTYPES,
-    LayerSpec,
     build_layer,
     describe,
     free_memory,
@@ -27,29 +27,14 @@ from tasks.registry import register_task
 MiB = 2**20
 
 
-class MemoryConfig(TaskConfig):
-    seq_lens: list[int] = Field(default_factory=lambda: [64, 128, 256, 512, 1024], description="T grid")
+class MemoryConfig(LayerTaskConfig):
     max_seq_len: int | None = Field(4096, ge=1, description="keep doubling T past the grid up to this, until out of memory")
     batch_size: int = Field(1, ge=1)
     modes: list[Literal["op", "layer"]] = Field(default_factory=lambda: ["op", "layer"])
-    num_heads: int = Field(2, ge=1)
-    head_dim: int = Field(32, ge=1, description="K = V per head")
-    d_model: int | None = Field(None, ge=1, description="layer width; default num_heads * head_dim")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    mixer: dict[str, Any] = Field(default_factory=dict, description="options of the mixer under test (backend, chunk_size, ...)")
-    softmax: dict[str, Any] = Field(default_factory=dict, description="options of the softmax baseline (e.g. backend)")
     compare_softmax: bool = Field(True, description="measure softmax attention alongside")
     max_bytes: int | None = Field(
         None, ge=1, description="memory cap per call: a peak above it counts as out of memory (CPU: enforced)")
     point_timeout_s: float = Field(600.0, gt=0, description="CPU: a probe running longer fails and the sweep goes on")
-    cpu_threads: int | None = Field(1, ge=1, description="torch intra-op threads on the CPU")
-
-    @field_validator("seq_lens")
-    @classmethod
-    def _grid(cls, v: list[int]) -> list[int]:
-        if not v or min(v) < 1:
-            raise ValueError(f"seq_lens must be a non-empty list of lengths >= 1, got {v}")
-        return sorted(set(v))
 
     @model_validator(mode="after")
     def _extension(self):
@@ -89,9 +74,7 @@ class Memory(Task):
     def run(self, ctx: RunContext) -> TaskResult:
         cfg: MemoryConfig = ctx.config
         device, dtype = ctx.device, DTYPES[cfg.dtype]
-        d_model = cfg.d_model or cfg.num_heads * cfg.head_dim
-        spec = LayerSpec(cfg.num_heads, cfg.head_dim, d_model, dtype, cfg.mixer)
-        soft_spec = LayerSpec(cfg.num_heads, cfg.head_dim, d_model, dtype, cfg.softmax)
+        spec, soft_spec = cfg.layer_spec(cfg.mixer), cfg.layer_spec(cfg.softmax)
         models = [(ctx.mixer, spec)]
         if cfg.compare_softmax and not (ctx.mixer == "softmax" and cfg.softmax == cfg.mixer):
             models.append(("softmax", soft_spec))
@@ -116,7 +99,7 @@ class Memory(Task):
         fits = {mode: _max_fit([p for p in points if p["model"] == ctx.mixer and p["mode"] == mode]) for mode in cfg.modes}
         details = {
             "points": points, "decode_state": states, "max_T_fits": fits,
-            "shapes": {"num_heads": cfg.num_heads, "head_dim": cfg.head_dim, "d_model": d_model, "dtype": cfg.dtype,
+            "shapes": {"num_heads": cfg.num_heads, "head_dim": cfg.head_dim, "d_model": cfg.width, "dtype": cfg.dtype,
                        "batch_size": cfg.batch_size},
             "what": "peak_bytes: peak memory of one forward+backward above the memory held once its inputs exist",
         }

@@ -6,12 +6,12 @@ baseline and crossover length), with softmax-backend and FLA columns where they 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.base import RunContext, Task, TaskConfig, TaskResult
+from tasks.base import RunContext, Task, TaskResult
 from tasks.common import flops as flop_counts
 from tasks.common.baselines import (
     SOFTMAX_BACKENDS,
@@ -22,11 +22,11 @@ from tasks.common.baselines import (
     softmax_baseline_call,
 )
 from tasks.common.crossover import crossover
+from tasks.common.layer_config import LayerTaskConfig
 from tasks.common.plots import plot_decode, plot_times
 from tasks.common.timing import TimingOptions, cpu_threads, time_callable
 from tasks.common.workloads import (
     DTYPES,
-    LayerSpec,
     build_layer,
     describe,
     free_memory,
@@ -50,37 +50,19 @@ class TimingConfig(BaseModel):
     target_ms: float = Field(300.0, gt=0, description="measured time aimed at per point")
 
 
-class ThroughputConfig(TaskConfig):
-    seq_lens: list[int] = Field(
-        default_factory=lambda: [64, 128, 256, 512, 1024], description="T grid (context lengths for decode)")
+class ThroughputConfig(LayerTaskConfig):
     token_budget: int = Field(4096, ge=1, description="B·T of the budget sweep (B = max(1, budget // T))")
     batch_size: int = Field(1, ge=1, description="B of the fixed-batch sweep")
     decode_batch_size: int | None = Field(None, ge=1, description="sequences decoded at once; default batch_size")
     sweeps: list[Literal["budget", "fixed_batch"]] = Field(default_factory=lambda: ["budget", "fixed_batch"])
     modes: list[Literal["op", "layer"]] = Field(default_factory=lambda: ["op", "layer"])
     phases: list[Literal["fwd", "fwdbwd", "decode"]] = Field(default_factory=lambda: ["fwd", "fwdbwd", "decode"])
-    num_heads: int = Field(2, ge=1)
-    head_dim: int = Field(32, ge=1, description="K = V per head")
-    d_model: int | None = Field(None, ge=1, description="layer width; default num_heads * head_dim")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    mixer: dict[str, Any] = Field(default_factory=dict, description="options of the mixer under test (backend, chunk_size, ...)")
-    softmax: dict[str, Any] = Field(default_factory=dict, description="options of the softmax baseline (e.g. backend)")
     softmax_backends: list[SoftmaxBackend] = Field(
         default_factory=lambda: list(SOFTMAX_BACKENDS), description="extra op-level columns")
     compare: list[Literal["fla"]] = Field(default_factory=list, description="other libraries' kernels as extra op-level columns")
     baseline_sweeps: list[Literal["budget", "fixed_batch"]] = Field(
         default_factory=lambda: ["budget"], description="sweeps that get the extra columns")
     timing: TimingConfig = Field(default_factory=TimingConfig)
-    # One thread by default: on a shared CPU, ops split over threads wait on each other and
-    # their times scatter by 5x or more. null: torch's default.
-    cpu_threads: int | None = Field(1, ge=1, description="torch intra-op threads on the CPU during the run")
-
-    @field_validator("seq_lens")
-    @classmethod
-    def _grid(cls, v: list[int]) -> list[int]:
-        if not v or min(v) < 1:
-            raise ValueError(f"seq_lens must be a non-empty list of lengths >= 1, got {v}")
-        return sorted(set(v))
 
 
 def _pow2(lo: int, hi: int) -> list[int]:
@@ -122,11 +104,10 @@ class Throughput(Task):
     def _run(self, ctx: RunContext) -> TaskResult:
         cfg: ThroughputConfig = ctx.config
         device, dtype = ctx.device, DTYPES[cfg.dtype]
-        d_model = cfg.d_model or cfg.num_heads * cfg.head_dim
-        mixer = build_layer(ctx.mixer, LayerSpec(cfg.num_heads, cfg.head_dim, d_model, dtype, cfg.mixer), device, ctx.seed)
+        d_model = cfg.width
+        mixer = build_layer(ctx.mixer, cfg.layer_spec(cfg.mixer), device, ctx.seed)
         is_softmax = ctx.mixer == "softmax" and cfg.softmax == cfg.mixer
-        soft_spec = LayerSpec(cfg.num_heads, cfg.head_dim, d_model, dtype, cfg.softmax)
-        softmax = mixer if is_softmax else build_layer("softmax", soft_spec, device, ctx.seed)
+        softmax = mixer if is_softmax else build_layer("softmax", cfg.layer_spec(cfg.softmax), device, ctx.seed)
         t = cfg.timing
         timing = TimingOptions(t.warmup, t.min_repeats, max(t.max_repeats, t.min_repeats), t.target_ms)
 
