@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 
 
@@ -23,3 +26,15 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+
+# pytestmark of the tests in tests/gpu: real Triton on a CUDA device only. Under
+# TRITON_INTERPRET (set for the whole CPU session by tests/conftest.py) the kernels would
+# run interpreted, so those tests belong to a pytest session of their own.
+GPU_ONLY = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+        reason="TRITON_INTERPRET is set in this session; run tests/gpu on its own",
+    ),
+]

@@ -12,22 +12,14 @@ pytest session of its own). Each case prints its errors (run with -s to see them
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.util import TOL, rel_err
+from tests.util import GPU_ONLY, TOL, rel_err
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(
-        os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
-        reason="TRITON_INTERPRET is set in this session; run tests/gpu on its own",
-    ),
-]
+pytestmark = GPU_ONLY
 
 pytest.importorskip("triton")
 

@@ -20,16 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.util import TOL, rel_err
+from tests.util import GPU_ONLY, TOL, rel_err
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(
-        os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
-        reason="TRITON_INTERPRET is set in this session; run tests/gpu on its own",
-    ),
-]
+pytestmark = GPU_ONLY
 
 pytest.importorskip("triton")
 
