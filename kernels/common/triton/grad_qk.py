@@ -20,8 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton.launch import LAUNCH, tile
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import GATE_SCALAR, block_size, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import GATE_SCALAR, dot_precision, new_buffer, warps
 
 
 @triton.jit
@@ -93,7 +94,8 @@ def chunk_bwd_dqk(
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    BK, BV = block_size(K), block_size(V)
+    cfg = LAUNCH["bwd_dqk"]
+    BK, BV = tile(K, cfg["BK"]), tile(V, cfg["BV"])
     NK = triton.cdiv(K, BK)
     dq = new_buffer((B, T, H, K), q.dtype, q.device)
     dk = new_buffer((B, T, H, K), k.dtype, k.device)
@@ -102,7 +104,7 @@ def chunk_bwd_dqk(
     chunk_bwd_dqk_kernel[grid](
         q, k, v, gamma if gamma is not None else q, h, do, dh, dq, dk, dg if dg is not None else dq,
         scale, T, NT, B * T * H, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate,
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps(4), num_stages=2,
+        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
     if dg is not None:
         dg = dg[0] if NK == 1 else dg.sum(0)

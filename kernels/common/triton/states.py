@@ -14,7 +14,8 @@ chunk (what chunk n's dk and dv need), and returns dS_0 = dh0.
 Layouts: k, q: [B, T, H, K]; v, do: [B, T, H, V]; gamma: [B, T, H] or [B, T, H, K] fp32 in
 log2 units (chunk_local_cumsum); per-chunk states: [B, H, NT, K, V] in `state_dtype`;
 h0, ht, dht, dh0: [B, H, K, V] fp32. Each program owns one (K-block, V-block) of one head
-and walks the chunks in order, keeping its block of the state in fp32 registers.
+and walks the chunks in order, keeping its block of the state in fp32 registers; tile
+widths and launch settings come from launch.LAUNCH.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton.launch import LAUNCH, sequential_blocks
 from kernels.common.triton.tiles import load_row, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import dot_precision, new_buffer, warps
 
 
 @triton.jit
@@ -118,18 +120,6 @@ def chunk_bwd_states_kernel(
         store_tile(dh0 + i_bh.to(tl.int64) * K * V, b_dh, i_k * BK, i_v * BV, K, V, V, BK, BV)
 
 
-def _grid_blocks(K: int, V: int, BH: int, device: torch.device) -> tuple[int, int]:
-    """BK, BV for the sequential state passes: small V blocks when B*H alone cannot fill the
-    GPU, since each program walks all chunks one after another."""
-    BK = block_size(K)
-    BV = block_size(V)
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        while BV > 16 and BH * triton.cdiv(K, BK) * triton.cdiv(V, BV) < 2 * sms:
-            BV //= 2
-    return BK, BV
-
-
 def chunk_fwd_states(
     k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor | None, gate: int,
     h0: torch.Tensor | None, output_final_state: bool, chunk_size: int,
@@ -145,7 +135,8 @@ def chunk_fwd_states(
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    BK, BV = _grid_blocks(K, V, B * H, k.device)
+    BK, BV = sequential_blocks("fwd_states", K, V, B * H, k.device)
+    cfg = LAUNCH["fwd_states"]
     h = new_buffer((B, H, NT, K, V), state_dtype or k.dtype, k.device)
     ht = new_buffer((B, H, K, V), torch.float32, k.device) if output_final_state else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
@@ -153,7 +144,7 @@ def chunk_fwd_states(
         k, v, gamma if gamma is not None else k, h, h0 if h0 is not None else h, ht if ht is not None else h,
         T, NT, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate,
         HAS_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=dot_precision(k.dtype),
-        num_warps=warps(4), num_stages=2,
+        num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
     return h, ht
 
@@ -172,7 +163,8 @@ def chunk_bwd_states(
     B, T, H, K = q.shape
     V = do.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    BK, BV = _grid_blocks(K, V, B * H, q.device)
+    BK, BV = sequential_blocks("bwd_states", K, V, B * H, q.device)
+    cfg = LAUNCH["bwd_states"]
     dh = new_buffer((B, H, NT, K, V), state_dtype or q.dtype, q.device)
     dh0 = new_buffer((B, H, K, V), torch.float32, q.device) if need_dh0 else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
@@ -181,6 +173,6 @@ def chunk_bwd_states(
         dht.contiguous().float() if dht is not None else dh, dh0 if dh0 is not None else dh,
         scale, T, NT, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate,
         HAS_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=dot_precision(q.dtype),
-        num_warps=warps(4), num_stages=2,
+        num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
     return dh, dh0

@@ -57,6 +57,40 @@ def test_strongly_negative_gates(compare, vector):
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
 
 
+def test_vector_gate_mixed_chunks(compare):
+    """Mild gates in the first chunk (the factored fast path of triton_vector.py) and
+    strongly negative ones in the second (the sub-chunk path), in one call and in one
+    K-block: both paths, the hand-over between them, outputs and every gradient."""
+    tensors, h0 = make_inputs(1, 100, 1, 16, 16, torch.float32, vector=True, seed=14)
+    g = tensors["g"].clone()
+    g[:, 64:] *= 40.0  # per-token gates down to about -50: a chunk's span far beyond 2^32
+    tensors["g"] = g
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("span", [-1.0, 1e9], ids=["never_factored", "always_factored"])
+def test_vector_gate_paths_agree(monkeypatch, span):
+    """Forcing one path everywhere (mild gates, so both are safe) gives the same outputs and
+    gradients as the default choice: the fast path is the same maths, not an approximation."""
+    from kernels.gated_linear_attention import triton_vector
+
+    tensors, _ = make_inputs(1, 100, 2, 32, 16, torch.float32, vector=True, seed=15)
+
+    def run():
+        leaves = {n: t.detach().clone().requires_grad_(True) for n, t in tensors.items()}
+        o, _ = gated_linear_attention(**leaves, backend="triton")
+        o.backward(torch.ones_like(o))
+        return [o.detach()] + [leaves[n].grad for n in ("q", "k", "v", "g")]
+
+    default = run()
+    monkeypatch.setattr(triton_vector, "factored_span", lambda dtype: span)
+    forced = run()
+    from tests.util import rel_err
+
+    for a, b in zip(forced, default):
+        assert rel_err(a, b) < 1e-5
+
+
 def test_gates_near_zero(compare):
     tensors, h0 = make_inputs(1, 70, 1, 16, 16, torch.float32, vector=True, gate_scale=1e-4, seed=6)
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
@@ -69,7 +103,9 @@ def test_scalar_gate_chunk_32_odd_dims(compare):
 
 @pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
 def test_fused_decode_step_matches_torch_step(gate):
-    from kernels.gated_linear_attention.step import gated_linear_attention_step_unchecked
+    from kernels.gated_linear_attention.step import (
+        gated_linear_attention_step_unchecked,
+    )
     from kernels.gated_linear_attention.triton_step import fused_step
     from kernels.linear_attention.step import linear_attention_step_unchecked
     from tests.util import rel_err
