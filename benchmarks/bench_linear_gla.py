@@ -27,7 +27,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TOKENS, H, D = 65536, 16, 128
-OPS = ("linear", "gla_scalar", "gla_vector")
+# gla_vector_strong: vector gates so negative (about -2 nats a token) that every chunk takes
+# the exact sub-chunk path instead of the factored one (kernels/gated_linear_attention/triton_vector.py)
+OPS = ("linear", "gla_scalar", "gla_vector", "gla_vector_strong")
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -43,8 +45,10 @@ def make_inputs(T: int, op: str, seed: int = 0):
     v = torch.randn(B, T, H, D, device="cuda", generator=gen, dtype=torch.bfloat16)
     g = None
     if op != "linear":
-        shape = (B, T, H, D) if op == "gla_vector" else (B, T, H)
-        g = F.logsigmoid(torch.randn(shape, device="cuda", generator=gen) + 4.0)
+        vector = op.startswith("gla_vector")
+        shape = (B, T, H, D) if vector else (B, T, H)
+        shift = -2.0 if op == "gla_vector_strong" else 4.0
+        g = F.logsigmoid(torch.randn(shape, device="cuda", generator=gen) + shift)
     return q, k, v, g
 
 
@@ -100,38 +104,46 @@ def time_one(fn, q, k, v, g, do):
 
 
 def bench_step(results: dict) -> None:
-    """Fused Triton decode step vs the PyTorch step, B = 32, H = 16, K = V = 128, fp32 state."""
+    """Fused Triton decode step (kernels/common/triton/step.py) vs the PyTorch step of each
+    linear op through its public step function, B = 32, H = 16, K = V = 128, bf16 inputs,
+    fp32 state."""
     from triton.testing import do_bench
 
-    from kernels.gated_linear_attention.step import gated_linear_attention_step_unchecked
-    from kernels.gated_linear_attention.triton_step import fused_step
-    from kernels.linear_attention.step import linear_attention_step_unchecked
+    from kernels import (
+        delta_rule_step,
+        gated_delta_rule_step,
+        gated_linear_attention_step,
+        linear_attention_step,
+    )
 
     B = 32
-    q, k, v = (torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, v = (torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k = F.normalize(torch.randn(B, H, D, device="cuda"), dim=-1).bfloat16()
     state = torch.randn(B, H, D, D, device="cuda")
-    for op in OPS:
-        g = None
-        if op != "linear":
-            g = F.logsigmoid(torch.randn((B, H, D) if op == "gla_vector" else (B, H), device="cuda") + 4.0)
-        if g is None:
-            torch_step = lambda: linear_attention_step_unchecked(q, k, v, state, D**-0.5)  # noqa: E731
-        else:
-            torch_step = lambda: gated_linear_attention_step_unchecked(q, k, v, g, state, D**-0.5)  # noqa: E731
-        triton_step = lambda: fused_step(q, k, v, g, state, D**-0.5)  # noqa: E731
-        ms_torch = do_bench(torch_step, warmup=25, rep=100, return_mode="median")
-        ms_triton = do_bench(triton_step, warmup=25, rep=100, return_mode="median")
-        diff = rel_diff(triton_step()[1], torch_step()[1])
-        results["decode_step"].append({
-            "op": op, "B": B, "H": H, "K": D, "V": D, "torch_ms": ms_torch, "triton_ms": ms_triton,
-            "ratio_triton_over_torch": ms_triton / ms_torch, "state_rel_diff": diff,
-        })
+    g_vec = F.logsigmoid(torch.randn(B, H, D, device="cuda") + 4.0)
+    g_sc = F.logsigmoid(torch.randn(B, H, device="cuda") + 4.0)
+    beta = torch.sigmoid(torch.randn(B, H, device="cuda"))
+    steps = {
+        "linear": lambda be: linear_attention_step(q, k, v, state, backend=be),
+        "gla_scalar": lambda be: gated_linear_attention_step(q, k, v, g_sc, state, backend=be),
+        "gla_vector": lambda be: gated_linear_attention_step(q, k, v, g_vec, state, backend=be),
+        "deltanet": lambda be: delta_rule_step(q, k, v, beta, state, backend=be),
+        "gdn": lambda be: gated_delta_rule_step(q, k, v, g_sc, beta, state, backend=be),
+    }
+    with torch.no_grad():
+        for op, fn in steps.items():
+            ms_torch = do_bench(lambda fn=fn: fn("torch"), warmup=25, rep=100, return_mode="median")
+            ms_triton = do_bench(lambda fn=fn: fn("triton"), warmup=25, rep=100, return_mode="median")
+            diff = rel_diff(fn("triton")[1], fn("torch")[1])
+            results["decode_step"].append({
+                "op": op, "B": B, "H": H, "K": D, "V": D, "torch_ms": ms_torch, "triton_ms": ms_triton,
+                "ratio_triton_over_torch": ms_triton / ms_torch, "state_rel_diff": diff,
+            })
 
 
-def bench_breakdown(results: dict, T: int) -> None:
-    """Median time of each kernel of our pipeline at one T (where the time goes)."""
-    from triton.testing import do_bench
-
+def pipeline_kernels(op: str, T: int) -> dict:
+    """Zero-argument calls of each kernel of our pipeline for `op` at one T (inputs made
+    once; intermediate inputs computed with the current LAUNCH settings)."""
     from kernels.common.triton.cumsum import chunk_local_cumsum
     from kernels.common.triton.grad_qk import chunk_bwd_dqk
     from kernels.common.triton.output import chunk_bwd_dv, chunk_fwd_output
@@ -141,33 +153,66 @@ def bench_breakdown(results: dict, T: int) -> None:
     from kernels.gated_linear_attention.triton_vector import gla_bwd_dqkg, gla_intra_A
 
     BT, scale = 64, D**-0.5
-    for op in OPS:
-        q, k, v, g = make_inputs(T, op, seed=1)
-        do = torch.randn_like(v)
-        gate = gate_mode(g)
-        gamma = chunk_local_cumsum(g, BT, LOG2E) if g is not None else None
-        h, _ = chunk_fwd_states(k, v, gamma, gate, None, False, BT)
-        A = gla_intra_A(q, k, gamma, scale, BT) if op == "gla_vector" else None
-        dh, _ = chunk_bwd_states(q, do, gamma, gate, None, False, scale, BT)
-        steps = {
-            "fwd_states": lambda: chunk_fwd_states(k, v, gamma, gate, None, False, BT),
-            "fwd_output": lambda: chunk_fwd_output(q, k, v, h, gamma, gate, A, scale, BT),
-            "bwd_states": lambda: chunk_bwd_states(q, do, gamma, gate, None, False, scale, BT),
-            "bwd_dv": lambda: chunk_bwd_dv(q, k, do, dh, gamma, gate, A, scale, BT),
-        }
-        if g is not None:
-            steps["cumsum"] = lambda: chunk_local_cumsum(g, BT, LOG2E)
-        if op == "gla_vector":
-            steps["intra_A"] = lambda: gla_intra_A(q, k, gamma, scale, BT)
-            steps["bwd_dqkg"] = lambda: gla_bwd_dqkg(q, k, v, do, h, dh, gamma, scale, BT)
-        else:
-            steps["bwd_dqk"] = lambda: chunk_bwd_dqk(q, k, v, do, h, dh, gamma, gate, scale, BT)
-        row = {"op": op, "T": T, "B": TOKENS // T}
-        for name, fn in steps.items():
-            row[name + "_ms"] = do_bench(fn, warmup=10, rep=50, return_mode="median")
-        results["breakdown"].append(row)
-        del q, k, v, g, do, gamma, h, A, dh
-        torch.cuda.empty_cache()
+    q, k, v, g = make_inputs(T, op, seed=1)
+    do = torch.randn_like(v)
+    gate = gate_mode(g)
+    gamma = chunk_local_cumsum(g, BT, LOG2E) if g is not None else None
+    h, _ = chunk_fwd_states(k, v, gamma, gate, None, False, BT)
+    vector = op.startswith("gla_vector")
+    A = gla_intra_A(q, k, gamma, scale, BT) if vector else None
+    dh, _ = chunk_bwd_states(q, do, gamma, gate, None, False, scale, BT)
+    steps = {
+        "fwd_states": lambda: chunk_fwd_states(k, v, gamma, gate, None, False, BT)[0],
+        "fwd_output": lambda: chunk_fwd_output(q, k, v, h, gamma, gate, A, scale, BT),
+        "bwd_states": lambda: chunk_bwd_states(q, do, gamma, gate, None, False, scale, BT)[0],
+        "bwd_dv": lambda: chunk_bwd_dv(q, k, do, dh, gamma, gate, A, scale, BT),
+    }
+    if g is not None:
+        steps["cumsum"] = lambda: chunk_local_cumsum(g, BT, LOG2E)
+    if vector:
+        steps["intra_A"] = lambda: gla_intra_A(q, k, gamma, scale, BT)
+        steps["bwd_dqkg"] = lambda: gla_bwd_dqkg(q, k, v, do, h, dh, gamma, scale, BT)[0]
+    else:
+        steps["bwd_dqk"] = lambda: chunk_bwd_dqk(q, k, v, do, h, dh, gamma, gate, scale, BT)[0]
+    return steps
+
+
+def bench_breakdown(results: dict, Ts: list[int], ops: list[str], variants: list[dict]) -> None:
+    """Median time of each kernel of our pipeline (where the time goes), with the default
+    LAUNCH settings and with each variant (a dict of LAUNCH overrides, e.g.
+    {"fwd_states": {"BK": 128, "min_BV": 32}}); each variant's kernel outputs are compared
+    with the default's."""
+    from triton.testing import do_bench
+
+    from kernels.common.triton.launch import LAUNCH
+
+    default = {name: dict(cfg) for name, cfg in LAUNCH.items()}
+    for T in Ts:
+        for op in ops:
+            steps = pipeline_kernels(op, T)
+            ref = {name: fn().float() for name, fn in steps.items()}
+            for variant in [{}] + variants:
+                for name, over in variant.items():
+                    LAUNCH[name].update(over)
+                try:
+                    row = {"op": op, "T": T, "B": TOKENS // T, "variant": variant}
+                    for name, fn in steps.items():
+                        if variant and not any(name.startswith(v) or v.startswith(name) for v in variant):
+                            continue  # a variant times only the kernels it changes
+                        out = fn().float()
+                        row[name + "_ms"] = do_bench(fn, warmup=10, rep=50, return_mode="median")
+                        if variant:
+                            row[name + "_rel_diff"] = rel_diff(out, ref[name])
+                except Exception as exc:  # noqa: BLE001 - a setting that does not compile: say so, go on
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                finally:
+                    for name, cfg in default.items():
+                        LAUNCH[name].clear()
+                        LAUNCH[name].update(cfg)
+                results["breakdown"].append(row)
+                print("breakdown", json.dumps(row), flush=True)
+            del steps, ref
+            torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -178,7 +223,11 @@ def main() -> None:
     parser.add_argument("--fla-ops", nargs="*", default=list(OPS), choices=OPS,
                         help="ops timed with FLA too (none: ours only)")
     parser.add_argument("--no-step", action="store_true")
-    parser.add_argument("--breakdown-T", type=int, default=8192, help="T of the per-kernel breakdown (0: none)")
+    parser.add_argument("--breakdown-T", type=int, nargs="*", default=[8192],
+                        help="T of the per-kernel breakdown (none: no breakdown)")
+    parser.add_argument("--variants", default="[]",
+                        help='JSON list of LAUNCH overrides timed in the breakdown, e.g. [{"fwd_states": {"BK": 128}}]')
+    parser.add_argument("--breakdown-first", action="store_true", help="run the breakdown before the rows")
     args = parser.parse_args()
 
     import triton
@@ -201,6 +250,9 @@ def main() -> None:
     def save():
         args.out.write_text(json.dumps(results, indent=1))
 
+    if args.breakdown_T and args.breakdown_first:
+        bench_breakdown(results, args.breakdown_T, args.ops, json.loads(args.variants))
+        save()
     # op by op: FLA's first chunk_gla call autotunes for minutes, so the cheap ops come first
     for op in args.ops:
         for T in args.T:
@@ -229,8 +281,8 @@ def main() -> None:
     if not args.no_step:
         bench_step(results)
         save()
-    if args.breakdown_T:
-        bench_breakdown(results, args.breakdown_T)
+    if args.breakdown_T and not args.breakdown_first:
+        bench_breakdown(results, args.breakdown_T, args.ops, json.loads(args.variants))
         save()
 
     print(f"\n{'op':<11}{'T':>6} | {'ours fwd':>9}{'FLA fwd':>9}{'ratio':>7} | {'ours f+b':>9}{'FLA f+b':>9}{'ratio':>7}")

@@ -23,5 +23,5 @@ VARIANTS=${VARIANTS:-}  # e.g. '[{"wy_fwd": {"BK": 128, "BV": 128}}]'
 timeout -s INT "${DELTA_S:-170}" python3 benchmarks/bench_delta.py --out "$OUT/h200_delta.json" \
     --variants "$VARIANTS" --variants-T 8192 2>&1 | tee "$OUT/delta.log"
 timeout -s INT "${LINEAR_S:-330}" python3 benchmarks/bench_linear_gla.py --out "$OUT/h200_linear_gla.json" \
-    --breakdown-T 0 2>&1 | tee "$OUT/linear_gla.log"
+    --breakdown-T 2>&1 | tee "$OUT/linear_gla.log"
 ls -la "$OUT"

@@ -106,6 +106,12 @@ class Mixer(nn.Module):
         self.backend_used = resolve_backend(self.op_name, self.config.backend, x.device, x.dtype)
         return self.backend_used
 
+    def step_backend(self) -> str:
+        """Backend for the op's decode step: the PyTorch step when this mixer is pinned to
+        "reference" or "torch", else "auto" (the fused Triton step on CUDA when no gradient
+        is recorded; kernels.common.dispatch.resolve_step_backend)."""
+        return "torch" if self.config.backend in ("reference", "torch") else "auto"
+
     def state_size(self, seq_len: int) -> int:
         """Floats kept per sequence to decode the next token after `seq_len` tokens."""
         raise NotImplementedError

@@ -31,4 +31,4 @@ class DeltaNet(ProjectedMixer):
         )
 
     def step_op(self, q_t, k_t, v_t, gates_t, state):
-        return delta_rule_step(q_t, k_t, v_t, gates_t["beta"], state)
+        return delta_rule_step(q_t, k_t, v_t, gates_t["beta"], state, backend=self.step_backend())

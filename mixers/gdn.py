@@ -73,4 +73,5 @@ class GatedDeltaNet(ProjectedMixer):
         )
 
     def step_op(self, q_t, k_t, v_t, gates_t, state):
-        return gated_delta_rule_step(q_t, k_t, v_t, gates_t["g"], gates_t["beta"], state)
+        return gated_delta_rule_step(q_t, k_t, v_t, gates_t["g"], gates_t["beta"], state,
+                                     backend=self.step_backend())

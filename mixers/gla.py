@@ -46,4 +46,4 @@ class GatedLinearAttention(ProjectedMixer):
         )
 
     def step_op(self, q_t, k_t, v_t, gates_t, state):
-        return gated_linear_attention_step(q_t, k_t, v_t, gates_t["g"], state)
+        return gated_linear_attention_step(q_t, k_t, v_t, gates_t["g"], state, backend=self.step_backend())

@@ -49,7 +49,7 @@ class LinearAttention(ProjectedMixer):
         return self._normalise(o), state
 
     def step_op(self, q_t, k_t, v_t, gates_t, state):
-        o_t, state = linear_attention_step(q_t, k_t, self._with_ones(v_t), state)
+        o_t, state = linear_attention_step(q_t, k_t, self._with_ones(v_t), state, backend=self.step_backend())
         return self._normalise(o_t), state
 
     def op_state_size(self, seq_len: int) -> int:

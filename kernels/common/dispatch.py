@@ -96,3 +96,35 @@ def resolve_backend(
     if not status.usable:
         raise ValueError(f"{op}: backend={requested!r} cannot run on {torch.device(device)}: {status.reason}")
     return requested
+
+
+STEP_BACKENDS = ("reference", "torch", "triton")
+
+
+def resolve_step_backend(op: str, requested: str, tensors: list[torch.Tensor | None]) -> str:
+    """"torch" or "triton" for a one-token decode step of a linear op.
+
+    `tensors`: the step's inputs and state (None entries ignored; the first is q_t). "auto"
+    picks the fused Triton step (kernels/common/triton/step.py) on CUDA for fp16/bf16/fp32
+    inputs when no gradient is being recorded, since that kernel has no backward; else the
+    PyTorch step. "reference" is the PyTorch step (a step is the recurrence itself).
+    Raises ValueError when "triton" is asked for where it cannot run."""
+    if requested not in ("auto", *STEP_BACKENDS):
+        raise ValueError(f"{op}: backend={requested!r} is not valid; expected 'auto' or one of {list(STEP_BACKENDS)}")
+    present = [t for t in tensors if t is not None]
+    q_t = present[0]
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in present)
+    if requested == "auto":
+        fast = q_t.device.type == "cuda" and q_t.dtype != torch.float64 and not needs_grad
+        return "triton" if fast and backend_status("triton", q_t.device).usable else "torch"
+    if requested != "triton":
+        return "torch"
+    status = backend_status("triton", q_t.device)
+    if not status.usable:
+        raise ValueError(f"{op}: backend='triton' cannot run on {q_t.device}: {status.reason}")
+    if q_t.dtype == torch.float64:
+        raise ValueError(f"{op}: backend='triton' takes fp16, bf16 or fp32 inputs, got float64 (use backend='torch')")
+    if needs_grad:
+        raise ValueError(f"{op}: backend='triton' has no backward for the decode step; "
+                         "use backend='torch' (or 'auto') when gradients are needed")
+    return "triton"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels.common.checks import check_state, default_scale
+from kernels.common.dispatch import resolve_step_backend
 from kernels.common.checks import check_step_beta, check_step_gate, check_step_qkv
 
 
@@ -38,6 +39,7 @@ def gated_delta_rule_step(
     beta_t: torch.Tensor,
     state: torch.Tensor | None,
     scale: float | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode one token: h_t = exp(g_t) (I - beta_t k_t k_t^T) h_{t-1} + beta_t k_t v_t^T.
 
@@ -51,6 +53,10 @@ def gated_delta_rule_step(
     check_step_beta(op, beta_t, B, H)
     check_state(op, "state", state, (B, H, K, V))
     scale = default_scale(op, scale, K)
+    if resolve_step_backend(op, backend, [q_t, k_t, v_t, g_t, beta_t, state]) == "triton":
+        from kernels.common.triton.step import fused_step  # lazy: triton is optional
+
+        return fused_step(q_t, k_t, v_t, g_t, beta_t, state, scale)
     dt = torch.float64 if q_t.dtype == torch.float64 else torch.float32
     h = torch.zeros(B, H, K, V, dtype=dt, device=q_t.device) if state is None else state.to(dt)
     o_t, h = gdn_update(

@@ -10,7 +10,7 @@ import torch
 
 from kernels.common.checks import check_gate, check_qkv, check_state, default_scale
 from kernels.common.chunking import check_chunk_size
-from kernels.common.dispatch import resolve_backend
+from kernels.common.dispatch import resolve_backend, resolve_step_backend
 from kernels.gated_linear_attention.chunked import gated_linear_attention_chunked
 from kernels.gated_linear_attention.reference import gated_linear_attention_reference
 from kernels.common.checks import check_step_gate
@@ -66,15 +66,20 @@ def gated_linear_attention_step(
     g_t: torch.Tensor,
     state: torch.Tensor | None = None,
     scale: float | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding token. q_t, k_t: [B, H, K]; v_t: [B, H, V]; g_t: [B, H] or [B, H, K]
     (<= 0); state: [B, H, K, V] or None (zeros). Returns (o_t [B, H, V] in q_t's dtype,
-    new state [B, H, K, V] fp32/fp64)."""
+    new state [B, H, K, V] fp32/fp64). backend: see kernels.common.dispatch.resolve_step_backend."""
     op = OP + "_step"
     B, H, K, V = check_step_qkv(op, q_t, k_t, v_t)
     check_step_gate(op, g_t, B, H, K)
     check_state(op, "state", state, (B, H, K, V))
     scale = default_scale(op, scale, K)
+    if resolve_step_backend(op, backend, [q_t, k_t, v_t, g_t, state]) == "triton":
+        from kernels.common.triton.step import fused_step  # lazy: triton is optional
+
+        return fused_step(q_t, k_t, v_t, g_t, None, state, scale)
     return gated_linear_attention_step_unchecked(q_t, k_t, v_t, g_t, state, scale)
 
 

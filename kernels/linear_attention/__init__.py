@@ -9,7 +9,7 @@ import torch
 
 from kernels.common.checks import check_qkv, check_state, default_scale
 from kernels.common.chunking import check_chunk_size
-from kernels.common.dispatch import resolve_backend
+from kernels.common.dispatch import resolve_backend, resolve_step_backend
 from kernels.linear_attention.chunked import linear_attention_chunked
 from kernels.linear_attention.reference import linear_attention_reference
 from kernels.common.checks import check_step_qkv
@@ -60,12 +60,19 @@ def linear_attention_step(
     v_t: torch.Tensor,
     state: torch.Tensor | None = None,
     scale: float | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding token. q_t, k_t: [B, H, K]; v_t: [B, H, V]; state: [B, H, K, V] or
-    None (zeros). Returns (o_t [B, H, V] in q_t's dtype, new state [B, H, K, V] fp32/fp64)."""
-    B, H, K, V = check_step_qkv(OP + "_step", q_t, k_t, v_t)
-    check_state(OP + "_step", "state", state, (B, H, K, V))
-    scale = default_scale(OP + "_step", scale, K)
+    None (zeros). Returns (o_t [B, H, V] in q_t's dtype, new state [B, H, K, V] fp32/fp64).
+    backend: see kernels.common.dispatch.resolve_step_backend."""
+    op = OP + "_step"
+    B, H, K, V = check_step_qkv(op, q_t, k_t, v_t)
+    check_state(op, "state", state, (B, H, K, V))
+    scale = default_scale(op, scale, K)
+    if resolve_step_backend(op, backend, [q_t, k_t, v_t, state]) == "triton":
+        from kernels.common.triton.step import fused_step  # lazy: triton is optional
+
+        return fused_step(q_t, k_t, v_t, None, None, state, scale)
     return linear_attention_step_unchecked(q_t, k_t, v_t, state, scale)
 
 

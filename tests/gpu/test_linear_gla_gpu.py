@@ -109,25 +109,3 @@ def test_fp16_and_large_head_dims(gate):
     tensors, h0 = make_inputs(1, 1500, 2, 256, 256, torch.float16, gate, "near0", seed=3)
     errors = check_against_fp64(tensors, h0, TOL[torch.float16], label=f"fp16 K=V=256 gate={gate}")
     assert_each(errors, TOL[torch.float16])
-
-
-@pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
-def test_fused_decode_step(gate):
-    from kernels.gated_linear_attention.step import gated_linear_attention_step_unchecked
-    from kernels.gated_linear_attention.triton_step import fused_step
-    from kernels.linear_attention.step import linear_attention_step_unchecked
-
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    B, H, K, V = 4, 8, 128, 128
-    q, k, v = (torch.randn(B, H, d, device="cuda", generator=gen).bfloat16() for d in (K, K, V))
-    state = torch.randn(B, H, K, V, device="cuda", generator=gen)
-    g = None
-    if gate != "none":
-        g = F.logsigmoid(torch.randn((B, H, K) if gate == "vector" else (B, H), device="cuda", generator=gen))
-    o, h = fused_step(q, k, v, g, state, K**-0.5)
-    if g is None:
-        o_ref, h_ref = linear_attention_step_unchecked(q, k, v, state, K**-0.5)
-    else:
-        o_ref, h_ref = gated_linear_attention_step_unchecked(q, k, v, g, state, K**-0.5)
-    assert rel_err(h, h_ref) < TOL[torch.float32]
-    assert rel_err(o, o_ref) < TOL[torch.bfloat16]

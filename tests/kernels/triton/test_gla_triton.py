@@ -99,28 +99,3 @@ def test_gates_near_zero(compare):
 def test_scalar_gate_chunk_32_odd_dims(compare):
     tensors, h0 = make_inputs(1, 75, 1, 20, 24, torch.float32, vector=False, seed=8)
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=32)
-
-
-@pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
-def test_fused_decode_step_matches_torch_step(gate):
-    from kernels.gated_linear_attention.step import (
-        gated_linear_attention_step_unchecked,
-    )
-    from kernels.gated_linear_attention.triton_step import fused_step
-    from kernels.linear_attention.step import linear_attention_step_unchecked
-    from tests.util import rel_err
-
-    gen = torch.Generator().manual_seed(12)
-    B, H, K, V = 2, 3, 20, 24
-    q, k = torch.randn(B, H, K, generator=gen), torch.randn(B, H, K, generator=gen)
-    v = torch.randn(B, H, V, generator=gen)
-    state = torch.randn(B, H, K, V, generator=gen)
-    g = None if gate == "none" else F.logsigmoid(torch.randn((B, H, K) if gate == "vector" else (B, H), generator=gen))
-    o, h = fused_step(q, k, v, g, state, 0.3)
-    if g is None:
-        o_ref, h_ref = linear_attention_step_unchecked(q, k, v, state, 0.3)
-    else:
-        o_ref, h_ref = gated_linear_attention_step_unchecked(q, k, v, g, state, 0.3)
-    assert rel_err(o, o_ref) < TOL[torch.float32] and rel_err(h, h_ref) < TOL[torch.float32]
-    o0, h0 = fused_step(q, k, v, g, None, 0.3)  # no state: h' = k v^T
-    assert rel_err(h0, k[..., :, None] * v[..., None, :]) < TOL[torch.float32]
