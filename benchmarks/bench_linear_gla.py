@@ -218,7 +218,7 @@ def bench_breakdown(results: dict, Ts: list[int], ops: list[str], variants: list
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 32768])
+    parser.add_argument("--T", type=int, nargs="*", default=[2048, 8192, 32768], help="T of the rows (none: no rows)")
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     parser.add_argument("--fla-ops", nargs="*", default=list(OPS), choices=OPS,
                         help="ops timed with FLA too (none: ours only)")

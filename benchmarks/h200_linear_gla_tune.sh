@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Linear attention / GLA on one H200 in one device call: GPU correctness tests, the per-kernel
+# breakdown with LAUNCH variants (bench_linear_gla.py --variants) and the decode steps, then
+# the side-by-side rows with FLA 0.6.0. Each stage has its own time limit and the JSONs are
+# rewritten after every measurement, so a cut stage keeps what it measured.
+#
+#   bash benchmarks/h200_linear_gla_tune.sh      # with carry=[".whl"]; results land in $OUT
+#
+# Triton's cache (compiled kernels and, with TRITON_CACHE_AUTOTUNING, FLA's autotuning
+# results) lives in .triton_cache/ in the repo, which a warm device machine keeps between
+# calls, and goes back as $OUT/triton_cache.tgz. TESTS_S / TUNE_S / ROWS_S: stage limits (s).
+# VARIANTS: JSON list of LAUNCH overrides (kernels/common/triton/launch.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/h200_linear_gla_out}
+mkdir -p "$OUT" .triton_cache
+source benchmarks/carried_wheels.sh
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/env.txt" 2>&1
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >>"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+trap 'tar czf "$OUT/triton_cache.tgz" .triton_cache 2>/dev/null; ls -la "$OUT"' EXIT
+
+if [ "${TESTS_S:-150}" -gt 0 ]; then
+    timeout -s INT "${TESTS_S:-150}" python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_linear_gla_gpu.py \
+        tests/gpu/test_step_gpu.py 2>&1 | grep -E "GPU-ERR|passed|failed|Error|error" | tee "$OUT/gpu_tests.log"
+fi
+VARIANTS=${VARIANTS:-[]}
+if [ "${TUNE_S:-150}" -gt 0 ]; then
+    timeout -s INT "${TUNE_S:-150}" python3 benchmarks/bench_linear_gla.py --out "$OUT/linear_gla_tune.json" \
+        --T --fla-ops --breakdown-T ${TUNE_T:-32768 2048} --variants "$VARIANTS" 2>&1 | tail -n 80 >"$OUT/tune.log"
+fi
+if [ "${ROWS_S:-280}" -gt 0 ]; then
+    timeout -s INT "${ROWS_S:-280}" python3 benchmarks/bench_linear_gla.py --out "$OUT/h200_linear_gla.json" \
+        --ops ${ROWS_OPS:-linear gla_scalar gla_vector gla_vector_strong} --no-step --breakdown-T 2>&1 | tail -n 40
+fi
