@@ -1,5 +1,5 @@
-"""Triton backend of the linearized softmax GDN (DESIGN §7): torch preprocessing feeding the
-gated delta rule kernels (kernels/gated_delta_rule/triton_op.py).
+"""Triton backend of the linearized softmax GDN (DESIGN §7): a Triton running-mean preprocessing
+(triton_prep.py) feeding the gated delta rule kernels (kernels/gated_delta_rule/triton_op.py).
 
 At absolute position t = count + 1, count + 2, ... (count = tokens already in the state):
     kbar_t = (k_sum + k_1 + ... + k_t) / t       vbar_t likewise, vbar_0 = 0
@@ -12,6 +12,10 @@ everything: u_1 = 0 and the value is 0. So there g = 0 and beta = 1 (finite, and
 the key is zero), and a state with count = 0 is treated as empty (its tensors are ignored).
 Every division is by t or by max(t - 1, 1), so no value or gradient is ever inf or NaN.
 Gradients flow through the preprocessing to q, k, v and to the state's h, k_sum, v_sum.
+
+fp16/bf16/fp32 inputs: LinGDNPrepFunction (Triton, fp32 sums; key/value in the input dtype).
+fp64 inputs: the same formulas in torch (running_mean_torch), fp64 sums, key/value in fp32
+for the kernels, whose widest type is fp32.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from kernels.gated_delta_rule.triton_op import ChunkDeltaRuleFunction, DeltaOptions, check_triton_inputs
+from kernels.linearized_softmax_gdn.triton_prep import LinGDNPrepFunction, PrepOptions, running_mean_torch
 
 
 def linearized_softmax_gdn_triton(
@@ -35,28 +40,25 @@ def linearized_softmax_gdn_triton(
 
     op = "linearized_softmax_gdn"
     check_triton_inputs(op, q, v, chunk_size)
-    B, T, H, K = q.shape
+    B, T, H = q.shape[:3]
     dev, out_dtype = q.device, q.dtype
     # float64 inputs: preprocessing in float64, the kernels in float32 (their widest type)
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
     dt = torch.float32 if out_dtype == torch.float64 else out_dtype
     count = int(initial_state.count) if initial_state is not None else 0
     started = initial_state is not None and count > 0
+    k_sum0 = initial_state.k_sum if started else None
+    v_sum0 = initial_state.v_sum if started else None
+    if out_dtype == torch.float64:
+        key, value, v_bar, k_sum, v_sum = running_mean_torch(k, v, k_sum0, v_sum0, count, acc, dt)
+    else:
+        key, value, v_bar, k_sum, v_sum = LinGDNPrepFunction.apply(
+            k.contiguous(), v.contiguous(),
+            k_sum0.float().contiguous() if started else None,
+            v_sum0.float().contiguous() if started else None, PrepOptions(count=count))
 
+    # gates depend on the position only: [T] vectors in fp64, broadcast over batch and heads
     pos = torch.arange(count + 1, count + T + 1, device=dev, dtype=torch.float64)
-    t = pos.to(acc)[None, :, None, None]
-    prev = torch.clamp(pos - 1.0, min=1.0).to(acc)[None, :, None, None]
-    k_cum = torch.cumsum(k.to(acc), dim=1)
-    v_cum = torch.cumsum(v.to(acc), dim=1)
-    if started:
-        k_cum = k_cum + initial_state.k_sum.to(acc)[:, None]
-        v_cum = v_cum + initial_state.v_sum.to(acc)[:, None]
-    k_bar = k_cum / t
-    v_bar = v_cum / t
-    # vbar_{t-1}; zero at t = 1 (the clamp only keeps that unused entry finite)
-    v_bar_prev = torch.where(t > 1.0, (v_cum - v.to(acc)) / prev, torch.zeros_like(v_cum))
-    key = (k.to(acc) - k_bar).to(dt)
-    value = ((1.0 - 1.0 / t) * (v.to(acc) - v_bar_prev)).to(dt)
     first = pos == 1.0
     gate = torch.where(first, 0.0, torch.log1p(-1.0 / pos)).float()
     beta = torch.where(first, 1.0, 1.0 / torch.clamp(pos - 1.0, min=1.0)).float()
@@ -67,8 +69,10 @@ def linearized_softmax_gdn_triton(
     opts = DeltaOptions(scale=float(scale), output_final_state=bool(output_final_state))
     o, ht = ChunkDeltaRuleFunction.apply(q.to(dt).contiguous(), key.contiguous(), value.contiguous(),
                                          gate, beta, h0, opts)
-    o = (o.to(acc) + v_bar).to(out_dtype)
+    # o_t + vbar_t in fp32 (fp64 for fp64 inputs) and rounded once. In place: v_bar is a fresh
+    # tensor nobody saved for backward, so this spares an fp32 [B, T, H, V] temporary
+    o = v_bar.add_(o).to(out_dtype)
     if not output_final_state:
         return o, None
-    state = LinGDNState(h=ht.to(acc), k_sum=k_cum[:, -1], v_sum=v_cum[:, -1], count=count + T)
+    state = LinGDNState(h=ht.to(acc), k_sum=k_sum, v_sum=v_sum, count=count + T)
     return o, state

@@ -3,7 +3,9 @@ CPU interpreter (conftest: TRITON_INTERPRET=1, NaN-poisoned buffers).
 
 Fresh start (count = 0, where t = 1 must write nothing and produce no inf/NaN in values or
 gradients) and a continued state (count > 0); outputs, the final LinGDNState and the
-gradients of q, k, v and of the state's h, k_sum, v_sum."""
+gradients of q, k, v and of the state's h, k_sum, v_sum. The Triton running-mean
+preprocessing (triton_prep.py) is also tested on its own against its torch formulas in fp64,
+values and gradients, with small tiles so that the scan carries across chunks."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ lin = pytest.importorskip("kernels.linearized_softmax_gdn")
 if not hasattr(lin, "LinGDNState"):
     pytest.skip("kernels.linearized_softmax_gdn (LinGDNState) is not written yet", allow_module_level=True)
 
+from kernels.linearized_softmax_gdn import triton_prep  # noqa: E402
 from kernels.linearized_softmax_gdn.triton_op import linearized_softmax_gdn_triton  # noqa: E402
 
 LinGDNState = lin.LinGDNState
@@ -41,7 +44,7 @@ def recurrence(q, k, v, scale, state):
     return torch.stack(outs, 1), LinGDNState(h, k_sum, v_sum, count + T)
 
 
-def run_case(B, T, H, K, V, count, dtype, seed):
+def run_case(B, T, H, K, V, count, dtype, seed, final=True):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, K, generator=gen)
     k = 0.4 * torch.randn(B, T, H, K, generator=gen)
@@ -54,31 +57,57 @@ def run_case(B, T, H, K, V, count, dtype, seed):
     ref = [x.double().requires_grad_(True) for x in leaves]
     st = LinGDNState(*ours[3:], count) if count else None
     st_ref = LinGDNState(*ref[3:], count) if count else None
-    o, s = linearized_softmax_gdn_triton(*ours[:3], scale=K**-0.5, initial_state=st, output_final_state=True)
+    o, s = linearized_softmax_gdn_triton(*ours[:3], scale=K**-0.5, initial_state=st, output_final_state=final)
     o_ref, s_ref = recurrence(*ref[:3], K**-0.5, st_ref)
-    assert o.dtype == dtype and s.count == count + T and s.h.dtype == torch.float32
+    assert o.dtype == dtype and o.shape == o_ref.shape
     gen_out = torch.Generator().manual_seed(seed + 1)
     do = torch.randn(o.shape, generator=gen_out).to(dtype)
-    dh = torch.randn(s.h.shape, generator=gen_out)
-    grads = torch.autograd.grad((o, s.h, s.k_sum.sum() + s.v_sum.sum()), ours, (do, dh, torch.tensor(1.0)))
-    grads_ref = torch.autograd.grad((o_ref, s_ref.h, s_ref.k_sum.sum() + s_ref.v_sum.sum()), ref,
-                                    (do.double(), dh.double(), torch.tensor(1.0, dtype=torch.float64)))
-    errors = {"o": rel_err(o, o_ref), "h": rel_err(s.h, s_ref.h), "k_sum": rel_err(s.k_sum, s_ref.k_sum),
-              "v_sum": rel_err(s.v_sum, s_ref.v_sum)}
+    errors = {"o": rel_err(o, o_ref)}
+    if final:
+        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        assert s.count == count + T and s.h.dtype == s.k_sum.dtype == s.v_sum.dtype == state_dtype
+        errors.update(h=rel_err(s.h, s_ref.h), k_sum=rel_err(s.k_sum, s_ref.k_sum), v_sum=rel_err(s.v_sum, s_ref.v_sum))
+        dh = torch.randn(s.h.shape, generator=gen_out)
+        dk_sum = torch.randn(s.k_sum.shape, generator=gen_out)
+        dv_sum = torch.randn(s.v_sum.shape, generator=gen_out)
+        outs, cots = (o, s.h, s.k_sum, s.v_sum), (do, dh.to(s.h.dtype), dk_sum.to(s.h.dtype), dv_sum.to(s.h.dtype))
+        outs_ref, cots_ref = (o_ref, *s_ref[:3]), tuple(c.double() for c in (do, dh, dk_sum, dv_sum))
+    else:
+        assert s is None
+        outs, cots, outs_ref, cots_ref = (o,), (do,), (o_ref,), (do.double(),)
+    grads = torch.autograd.grad(outs, ours, cots)
+    grads_ref = torch.autograd.grad(outs_ref, ref, cots_ref)
     for name, a, b in zip(("dq", "dk", "dv", "dh", "dk_sum", "dv_sum"), grads, grads_ref):
         errors[name] = rel_err(a, b)  # inf for any NaN/inf entry
-    tol = TOL[dtype]
+    # fp64 inputs run the kernels in fp32: fp32's tolerance
+    tol = TOL[torch.float32 if dtype == torch.float64 else dtype]
     bad = {n: e for n, e in errors.items() if not e < tol}
     assert not bad, f"errors over {tol:g}: {bad} (all: {errors})"
 
 
-@pytest.mark.parametrize("T", [1, 100])
+@pytest.mark.parametrize("T", [1, 63, 64, 100])
 def test_fresh_start_fp32(T):
     run_case(1, T, 2, 16, 16, 0, torch.float32, seed=T)
 
 
-def test_continued_state_fp32():
-    run_case(1, 63, 1, 32, 16, 5, torch.float32, seed=3)
+@pytest.mark.parametrize(("T", "K", "V", "count"), [(63, 32, 16, 5), (64, 16, 32, 1), (1, 16, 16, 3)])
+def test_continued_state_fp32(T, K, V, count):
+    run_case(1, T, 1, K, V, count, torch.float32, seed=3 + T)
+
+
+def test_no_final_state_fp32():
+    run_case(2, 100, 1, 16, 16, 9, torch.float32, seed=11, final=False)
+
+
+def test_scan_across_chunks_fp32(monkeypatch):
+    """16-row tiles: the preprocessing's carry crosses chunks (7 of them, the last partial)."""
+    monkeypatch.setitem(triton_prep.TUNING, "tile_elems", 256)
+    run_case(1, 100, 2, 32, 16, 4, torch.float32, seed=12)
+
+
+def test_fp64_inputs_torch_preprocessing():
+    """fp64 inputs: torch preprocessing in fp64, kernels in fp32, fp64 outputs and state."""
+    run_case(1, 63, 1, 16, 16, 4, torch.float64, seed=13)
 
 
 def test_fresh_start_fp16():
@@ -111,3 +140,59 @@ def test_public_op_triton_matches_reference(count):
     bad = {n: e for n, e in errors.items() if not e < TOL[torch.float32]}
     assert s.count == s_ref.count == count + T
     assert not bad, f"errors over {TOL[torch.float32]:g}: {bad} (all: {errors})"
+
+
+def prep_leaves(B, T, H, K, V, count, seed):
+    gen = torch.Generator().manual_seed(seed)
+    leaves = [torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, V, generator=gen)]
+    if count:
+        leaves += [count**0.5 * torch.randn(B, H, K, generator=gen), count**0.5 * torch.randn(B, H, V, generator=gen)]
+    return leaves
+
+
+@pytest.mark.parametrize(("T", "K", "V", "count", "tile_elems", "dtype"), [
+    (1, 16, 32, 0, 4096, torch.float32),
+    (63, 32, 16, 0, 256, torch.float32),
+    (64, 16, 16, 7, 256, torch.float32),
+    (100, 24, 40, 3, 512, torch.float32),  # feature blocks past K, V: masked columns
+    (100, 32, 32, 0, 256, torch.float16),
+])
+def test_prep_function_matches_torch(monkeypatch, T, K, V, count, tile_elems, dtype):
+    """LinGDNPrepFunction against running_mean_torch in fp64: the five outputs and the
+    gradients of k, v and the state's sums under random cotangents of all five outputs."""
+    monkeypatch.setitem(triton_prep.TUNING, "tile_elems", tile_elems)
+    B, H = 2, 2
+    leaves = prep_leaves(B, T, H, K, V, count, seed=T + count)
+    leaves[:2] = [x.to(dtype) for x in leaves[:2]]
+    ours = [x.clone().requires_grad_(True) for x in leaves]
+    ref = [x.double().requires_grad_(True) for x in leaves]
+    state, state_ref = (ours[2:], ref[2:]) if count else ([None, None], [None, None])
+    out = triton_prep.LinGDNPrepFunction.apply(*ours[:2], *state, triton_prep.PrepOptions(count=count))
+    out_ref = triton_prep.running_mean_torch(*ref[:2], *state_ref, count, torch.float64, torch.float64)
+    assert [x.dtype for x in out] == [dtype, dtype] + [torch.float32] * 3
+    gen = torch.Generator().manual_seed(99)
+    cots = [torch.randn(x.shape, generator=gen).to(x.dtype) for x in out]
+    grads = torch.autograd.grad(out, ours, cots)
+    grads_ref = torch.autograd.grad(out_ref, ref, [c.double() for c in cots])
+    names = ("key", "value", "v_bar", "k_sum", "v_sum", "dk", "dv", "dk_sum0", "dv_sum0")
+    errors = {n: rel_err(a, b) for n, a, b in zip(names, (*out, *grads), (*out_ref, *grads_ref))}
+    for g, leaf in zip(grads, ours):
+        assert g.dtype == leaf.dtype and g.shape == leaf.shape
+    if T == 1 and not count:  # t = 1 of an empty state: key and value exactly zero
+        assert not out[0].any() and not out[1].any()
+    bad = {n: e for n, e in errors.items() if not e < TOL[dtype]}
+    assert not bad, f"errors over {TOL[dtype]:g}: {bad} (all: {errors})"
+
+
+def test_prep_function_partial_cotangents():
+    """Only key and v_bar receive gradients (value and the final sums unused): the backward
+    skips the missing cotangents instead of scanning zero tensors."""
+    leaves = prep_leaves(1, 40, 1, 16, 16, 2, seed=5)
+    ours = [x.clone().requires_grad_(True) for x in leaves]
+    ref = [x.double().requires_grad_(True) for x in leaves]
+    key, _, v_bar, _, _ = triton_prep.LinGDNPrepFunction.apply(*ours, triton_prep.PrepOptions(count=2))
+    key_ref, _, v_bar_ref, _, _ = triton_prep.running_mean_torch(*ref, 2, torch.float64, torch.float64)
+    grads = torch.autograd.grad((key * key).sum() + v_bar.sum(), ours)
+    grads_ref = torch.autograd.grad((key_ref * key_ref).sum() + v_bar_ref.sum(), ref)
+    errors = [rel_err(a, b) for a, b in zip(grads, grads_ref)]
+    assert all(e < TOL[torch.float32] for e in errors), errors

@@ -1,0 +1,169 @@
+"""Speed of the Triton linearized softmax GDN (DESIGN §7) against the bare Triton GDN it runs on.
+
+    PYTHONPATH=. python benchmarks/bench_lin_gdn.py --out results/bench/h200_lin_gdn.json
+
+Shapes: B*T = 65,536 tokens, H = 16, K = V = 128, bf16, T in {2048, 8192, 32768}; the same
+q, k (l2-normalised), v feed both ops; the GDN also gets g = logsigmoid(N(4, 1)) and
+beta = sigmoid(N(0, 1)). For each T, median ms (triton.testing.do_bench) of fwd and fwd+bwd
+(gradients of q, k, v) of
+    lin_gdn      linearized_softmax_gdn(backend="triton")
+    gdn          gated_delta_rule(backend="triton")
+    prep_triton  the running-mean preprocessing alone (LinGDNPrepFunction)
+    prep_torch   the same formulas in torch (running_mean_torch, fp32: the former path)
+with the peak extra memory of each fwd+bwd, the ratios lin_gdn / gdn and prep / lin_gdn, and
+prep_triton against prep_torch (relative errors of the outputs). --variants times the
+preprocessing under other launch settings (triton_prep.TUNING). The JSON is rewritten after
+every T, so a run cut short keeps what it measured. Needs CUDA; imports nothing CUDA-specific
+at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def make_inputs(B, T, H, D, seed=0):
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev, dt = "cuda", torch.bfloat16
+    q = torch.randn(B, T, H, D, device=dev, generator=gen).to(dt)
+    k = F.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1).to(dt)
+    v = torch.randn(B, T, H, D, device=dev, generator=gen).to(dt)
+    g = F.logsigmoid(4.0 + torch.randn(B, T, H, device=dev, generator=gen))
+    beta = torch.sigmoid(torch.randn(B, T, H, device=dev, generator=gen)).to(dt)
+    do = torch.randn(B, T, H, D, device=dev, generator=gen).to(dt)
+    return q, k, v, g, beta, do
+
+
+def candidates(q, k, v, g, beta):
+    """name -> (forward returning a tuple of the outputs to differentiate, the leaves)."""
+    from kernels.gated_delta_rule import gated_delta_rule
+    from kernels.linearized_softmax_gdn import linearized_softmax_gdn
+    from kernels.linearized_softmax_gdn.triton_prep import LinGDNPrepFunction, PrepOptions, running_mean_torch
+
+    def prep_triton():
+        return LinGDNPrepFunction.apply(k, v, None, None, PrepOptions(count=0))[:3]
+
+    def prep_torch():
+        return running_mean_torch(k, v, None, None, 0, torch.float32, k.dtype)[:3]
+
+    return {
+        "lin_gdn": (lambda: (linearized_softmax_gdn(q, k, v, backend="triton")[0],), (q, k, v)),
+        "gdn": (lambda: (gated_delta_rule(q, k, v, g, beta, backend="triton")[0],), (q, k, v)),
+        "prep_triton": (prep_triton, (k, v)),
+        "prep_torch": (prep_torch, (k, v)),
+    }
+
+
+def time_one(fwd, leaves):
+    """fwd and fwd+bwd medians (ms) and the peak memory of fwd+bwd above what was allocated."""
+    from triton.testing import do_bench
+
+    for x in leaves:
+        x.requires_grad_(True)
+    outs = fwd()
+    cots = [torch.randn_like(o) for o in outs]  # fixed cotangents, made outside the timing
+    del outs
+
+    def fwd_bwd():
+        return torch.autograd.grad(fwd(), leaves, cots)
+
+    row = {}
+    try:
+        row["fwd_ms"] = do_bench(fwd, warmup=25, rep=100, return_mode="median")
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fwd_bwd()
+        torch.cuda.synchronize()
+        row["peak_extra_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        row["fwdbwd_ms"] = do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median")
+    except Exception as e:  # record, keep going
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return row
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def prep_check(cands):
+    """prep_triton against prep_torch (fp32 sums both): outputs and gradients of k, v."""
+    (f1, leaves), (f2, _) = cands["prep_triton"], cands["prep_torch"]
+    o1, o2 = f1(), f2()
+    res = {n: rel(a, b) for n, a, b in zip(("key", "value", "v_bar"), o1, o2)}
+    cots = [torch.randn_like(o.float()).to(o.dtype) for o in o1]
+    for n, a, b in zip(("dk", "dv"), torch.autograd.grad(o1, leaves, cots), torch.autograd.grad(o2, leaves, cots)):
+        res[n] = rel(a, b)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/bench/h200_lin_gdn.json")
+    ap.add_argument("--tokens", type=int, default=65536)
+    ap.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 32768])
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--D", type=int, default=128)
+    ap.add_argument("--tune", default="", help='JSON overrides of triton_prep.TUNING, e.g. {"tile_elems": 8192}')
+    ap.add_argument("--variants", default="", help="JSON list of TUNING overrides; prep_triton timed under each")
+    args = ap.parse_args()
+
+    import triton
+
+    from kernels.linearized_softmax_gdn import triton_prep
+
+    triton_prep.TUNING.update(json.loads(args.tune) if args.tune else {})
+    record = {
+        "what": "Triton linearized softmax GDN vs the Triton GDN it runs on, and its preprocessing alone; "
+        f"median ms (triton.testing.do_bench); bf16, B*T={args.tokens}, H={args.H}, K=V={args.D}",
+        "device": torch.cuda.get_device_name(),
+        "versions": {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
+        "prep_tuning": dict(triton_prep.TUNING), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": [],
+    }
+    for T in args.T:
+        B = max(1, args.tokens // T)
+        q, k, v, g, beta, _ = make_inputs(B, T, args.H, args.D)
+        cands = candidates(q, k, v, g, beta)
+        row = {"B": B, "T": T, "H": args.H, "D": args.D, "times": {}, "ratios": {}}
+        row["blocks_BT_BD"] = triton_prep.launch_blocks(B * args.H, args.D, T)
+        for name, (fwd, leaves) in cands.items():
+            row["times"][name] = time_one(fwd, leaves)
+            print(T, name, row["times"][name], flush=True)
+        t = row["times"]
+        for key in ("fwd_ms", "fwdbwd_ms"):
+            for num, den in (("lin_gdn", "gdn"), ("prep_triton", "lin_gdn"), ("prep_torch", "prep_triton")):
+                if key in t[num] and key in t[den]:
+                    row["ratios"][f"{num}/{den}:{key}"] = t[num][key] / t[den][key]
+        row["prep_triton_vs_torch"] = prep_check(cands)
+        for over in json.loads(args.variants) if args.variants else []:
+            saved = dict(triton_prep.TUNING)
+            triton_prep.TUNING.update(over)
+            row.setdefault("prep_variants", []).append(
+                {"tuning": over, "blocks_BT_BD": triton_prep.launch_blocks(B * args.H, args.D, T),
+                 **time_one(*cands["prep_triton"])})
+            triton_prep.TUNING.clear()
+            triton_prep.TUNING.update(saved)
+            print(T, "variant", row["prep_variants"][-1], flush=True)
+        print(T, "ratios", row["ratios"], "\n   check", row["prep_triton_vs_torch"], flush=True)
+        record["rows"].append(row)
+        del cands, q, k, v, g, beta
+        torch.cuda.empty_cache()
+        for path in [args.out] + ([os.path.join(os.environ["OUT"], os.path.basename(args.out))] if os.environ.get("OUT") else []):
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Running-mean preprocessing of the linearized softmax GDN (DESIGN §7) on Triton.
+
+At absolute position t = count + 1, count + 2, ... (count = tokens already in the state), with
+S_t = s0 + x_1 + ... + x_t the running sum (s0 = the state's sum, zero for an empty state):
+
+    key   u_t = k_t - S^k_t / t              value (1 - 1/t)(v_t - vbar_{t-1}) = v_t - S^v_t / t
+    v_bar_t = S^v_t / t                      k_sum_T = S^k_T,  v_sum_T = S^v_T
+
+The value identity holds because (1 - 1/t) / (t - 1) = 1/t (for t >= 2; at t = 1 the state is
+empty and both sides are 0), so keys and values are the same "centred" map x_t - S_t / t and
+one kernel serves both. Every division is by t >= 1: nothing is ever inf or NaN.
+
+Forward (`running_mean_fwd`): one program per (sequence = batch x head, feature block) walks T
+in chunks of BT rows: tl.cumsum inside the chunk plus an fp32 carry of the sum so far.
+Backward (`running_mean_bwd`): the adjoint is the reverse scan. With c_t = x_t - S_t/t and
+m_t = S_t/t, the cotangent of S_t is r_t = (dm_t - dc_t) / t (+ dS_T at t = T), so
+    dx_j = dc_j + sum_{t >= j} r_t,      ds0 = sum_t r_t + dS_T,
+walked from the last chunk to the first with an fp32 carry.
+
+All sums, means and carries are fp32; key/value are stored in the kernel dtype (fp16, bf16,
+fp32), v_bar and the sums in fp32. fp64 inputs use `running_mean_torch` (same formulas in
+torch, fp64 throughout; the Triton kernels stop at fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.triton.tiles import load_tile, store_tile
+from kernels.common.triton.utils import new_buffer, warps
+
+# Launch settings (H200 guesses; benchmarks/bench_lin_gdn.py --tune overrides them):
+# tile_elems = BT * BD rows x features per loop step (enough bytes in flight per program),
+# the feature block BD is halved from max_BD while fewer than min_programs programs would run.
+TUNING: dict[str, int] = {"max_BD": 64, "min_BD": 16, "tile_elems": 4096, "min_programs": 512,
+                          "num_warps": 4, "num_stages": 3}
+
+
+@dataclass(frozen=True)
+class PrepOptions:
+    """count: tokens already in the state (0: empty, the sums start from zero)."""
+
+    count: int
+
+
+@triton.jit
+def running_mean_fwd_kernel(
+    x, s0, centred, mean, s_final, count, T,
+    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    HAS_S0: tl.constexpr, STORE_MEAN: tl.constexpr,
+):
+    """x, centred, mean: [B, T, H, D]; s0, s_final: [B, H, D] fp32. Grid (cdiv(D, BD), B*H)."""
+    i_d, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    # element offset of row 0 of this sequence in a [B, T, H, D] tensor
+    seq = (i_b.to(tl.int64) * T * H + i_h) * D
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    if HAS_S0:
+        b_carry = tl.load(s0 + i_bh * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        b_carry = tl.zeros([BD], dtype=tl.float32)
+    for i_t in range(tl.cdiv(T, BT)):
+        o_t = i_t * BT + tl.arange(0, BT)
+        # 1/t at absolute positions; rows past T are masked out on store
+        b_inv_t = 1.0 / (count + 1 + o_t).to(tl.float32)
+        b_x = load_tile(x + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
+        b_mean = (tl.cumsum(b_x, axis=0) + b_carry[None, :]) * b_inv_t[:, None]
+        store_tile(centred + seq, b_x - b_mean, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+        if STORE_MEAN:
+            store_tile(mean + seq, b_mean, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+        b_carry += tl.sum(b_x, axis=0)  # masked rows loaded as 0
+    tl.store(s_final + i_bh * D + o_d, b_carry, mask=m_d)
+
+
+@triton.jit
+def running_mean_bwd_kernel(
+    d_centred, d_mean, ds_final, dx, ds0, count, T,
+    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    HAS_DC: tl.constexpr, HAS_DM: tl.constexpr, HAS_DSF: tl.constexpr, HAS_S0: tl.constexpr,
+):
+    """Adjoint of running_mean_fwd_kernel. d_centred, d_mean, dx: [B, T, H, D] (any float
+    dtype; absent cotangents are flagged off); ds_final, ds0: [B, H, D] fp32."""
+    i_d, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = (i_b.to(tl.int64) * T * H + i_h) * D
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    # carry = sum of r_s over the rows after this chunk, plus dS_T
+    if HAS_DSF:
+        b_carry = tl.load(ds_final + i_bh * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        b_carry = tl.zeros([BD], dtype=tl.float32)
+    n_t = tl.cdiv(T, BT)
+    for i in range(n_t):
+        i_t = n_t - 1 - i
+        o_t = i_t * BT + tl.arange(0, BT)
+        b_inv_t = 1.0 / (count + 1 + o_t).to(tl.float32)
+        b_r = tl.zeros([BT, BD], dtype=tl.float32)
+        if HAS_DC:
+            b_dc = load_tile(d_centred + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
+            b_r -= b_dc * b_inv_t[:, None]
+        if HAS_DM:
+            b_dm = load_tile(d_mean + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
+            b_r += b_dm * b_inv_t[:, None]
+        b_dx = tl.cumsum(b_r, axis=0, reverse=True) + b_carry[None, :]
+        if HAS_DC:
+            b_dx += b_dc
+        store_tile(dx + seq, b_dx, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+        b_carry += tl.sum(b_r, axis=0)  # rows past T loaded as 0: they add nothing
+    if HAS_S0:
+        tl.store(ds0 + i_bh * D + o_d, b_carry, mask=m_d)
+
+
+def launch_blocks(n_seq: int, D: int, T: int) -> tuple[int, int]:
+    """(BT, BD): BD halved from max_BD while n_seq * cdiv(D, BD) programs are too few, then
+    BT = tile_elems / BD rows per step (at most T rounded up to a power of two, at least 16)."""
+    bd = max(TUNING["min_BD"], min(TUNING["max_BD"], triton.next_power_of_2(D)))
+    while bd > TUNING["min_BD"] and n_seq * triton.cdiv(D, bd) < TUNING["min_programs"]:
+        bd //= 2
+    bt = max(16, min(TUNING["tile_elems"] // bd, triton.next_power_of_2(T)))
+    return bt, bd
+
+
+def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_mean: bool):
+    """x: [B, T, H, D]; s0: [B, H, D] fp32 or None. Returns (centred [B, T, H, D] in x's dtype,
+    mean [B, T, H, D] fp32 or None, s_final [B, H, D] fp32)."""
+    B, T, H, D = x.shape
+    x = x.contiguous()
+    s0 = s0.float().contiguous() if s0 is not None else None
+    centred = new_buffer((B, T, H, D), x.dtype, x.device)
+    mean = new_buffer((B, T, H, D), torch.float32, x.device) if store_mean else None
+    s_final = new_buffer((B, H, D), torch.float32, x.device)
+    bt, bd = launch_blocks(B * H, D, T)
+    running_mean_fwd_kernel[(triton.cdiv(D, bd), B * H)](
+        x, s0, centred, mean, s_final, count, T, H=H, D=D, BT=bt, BD=bd,
+        HAS_S0=s0 is not None, STORE_MEAN=store_mean,
+        num_warps=warps(TUNING["num_warps"]), num_stages=TUNING["num_stages"],
+    )
+    return centred, mean, s_final
+
+
+def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has_s0: bool):
+    """Cotangents (each may be None) -> (dx, ds0 [B, H, D] fp32 or None); x_meta = (shape,
+    dtype, device) of the forward's x, which dx takes."""
+    (B, T, H, D), dtype, device = x_meta
+    dx = new_buffer((B, T, H, D), dtype, device)
+    ds0 = new_buffer((B, H, D), torch.float32, device) if has_s0 else None
+    d_centred = d_centred.contiguous() if d_centred is not None else None
+    d_mean = d_mean.contiguous() if d_mean is not None else None
+    ds_final = ds_final.float().contiguous() if ds_final is not None else None
+    bt, bd = launch_blocks(B * H, D, T)
+    running_mean_bwd_kernel[(triton.cdiv(D, bd), B * H)](
+        d_centred, d_mean, ds_final, dx, ds0, count, T, H=H, D=D, BT=bt, BD=bd,
+        HAS_DC=d_centred is not None, HAS_DM=d_mean is not None,
+        HAS_DSF=ds_final is not None, HAS_S0=has_s0,
+        num_warps=warps(TUNING["num_warps"]), num_stages=TUNING["num_stages"],
+    )
+    return dx, ds0
+
+
+class LinGDNPrepFunction(torch.autograd.Function):
+    """(k, v, k_sum0, v_sum0) -> (key, value, v_bar, k_sum_T, v_sum_T) of the module docstring.
+
+    k: [B, T, H, K], v: [B, T, H, V] in fp16/bf16/fp32; k_sum0 [B, H, K] and
+    v_sum0 [B, H, V] fp32, both None for an empty state (opts.count = 0). key, value come in
+    k's dtype, v_bar [B, T, H, V] and the sums in fp32. Nothing is saved for the backward."""
+
+    @staticmethod
+    def forward(ctx, k, v, k_sum0, v_sum0, opts: PrepOptions):
+        key, _, k_sum = running_mean_fwd(k, k_sum0, opts.count, store_mean=False)
+        value, v_bar, v_sum = running_mean_fwd(v, v_sum0, opts.count, store_mean=True)
+        ctx.count = opts.count
+        ctx.has_s0 = (k_sum0 is not None, v_sum0 is not None)
+        ctx.k_meta = (tuple(k.shape), k.dtype, k.device)
+        ctx.v_meta = (tuple(v.shape), v.dtype, v.device)
+        ctx.set_materialize_grads(False)  # unused outputs stay None: no zero tensors to scan
+        return key, value, v_bar, k_sum, v_sum
+
+    @staticmethod
+    def backward(ctx, d_key, d_value, d_v_bar, d_k_sum, d_v_sum):
+        dk, dk_sum0 = running_mean_bwd(d_key, None, d_k_sum, ctx.count, ctx.k_meta, ctx.has_s0[0])
+        dv, dv_sum0 = running_mean_bwd(d_value, d_v_bar, d_v_sum, ctx.count, ctx.v_meta, ctx.has_s0[1])
+        return dk, dv, dk_sum0, dv_sum0, None
+
+
+def running_mean_torch(k, v, k_sum0, v_sum0, count: int, acc: torch.dtype, dt: torch.dtype):
+    """The same five outputs in plain torch (autograd included): sums in `acc`, key/value in
+    `dt`. Used for fp64 inputs (acc = fp64, dt = fp32, the kernels' widest type) and by the
+    tests as the reference of LinGDNPrepFunction. k_sum0/v_sum0 None for an empty state."""
+    pos = torch.arange(count + 1, count + k.shape[1] + 1, device=k.device, dtype=torch.float64)
+    t = pos.to(acc)[None, :, None, None]
+    k_cum = torch.cumsum(k.to(acc), dim=1)
+    v_cum = torch.cumsum(v.to(acc), dim=1)
+    if k_sum0 is not None:
+        k_cum = k_cum + k_sum0.to(acc)[:, None]
+    if v_sum0 is not None:
+        v_cum = v_cum + v_sum0.to(acc)[:, None]
+    prev = torch.clamp(pos - 1.0, min=1.0).to(acc)[None, :, None, None]
+    # the §7 value as written, (1 - 1/t)(v_t - vbar_{t-1}) with vbar_0 = 0 (equal to v_t - vbar_t)
+    v_bar_prev = torch.where(t > 1.0, (v_cum - v.to(acc)) / prev, torch.zeros_like(v_cum))
+    key = (k.to(acc) - k_cum / t).to(dt)
+    value = ((1.0 - 1.0 / t) * (v.to(acc) - v_bar_prev)).to(dt)
+    return key, value, v_cum / t, k_cum[:, -1], v_cum[:, -1]

@@ -1,0 +1,116 @@
+"""Triton linearized softmax GDN (DESIGN §7) on a CUDA GPU at a real shape (DESIGN §9).
+
+bf16, B = 1, T = 8192, H = 2, K = V = 128, fresh and from a state with count > 0, against
+the chunked PyTorch backend run in fp64 on the same GPU: o, the final LinGDNState and the
+gradients of q, k, v and of the state's h, k_sum, v_sum. Also the Triton running-mean
+preprocessing alone (triton_prep.py) against its torch formulas in fp64. All buffers the
+kernels write start as NaN.
+
+Skipped without CUDA, and in a session where TRITON_INTERPRET is set (run tests/gpu in a
+pytest session of its own). Errors are printed (-s) and, when GPU_ERRORS_JSON names a file,
+written there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.util import GPU_ONLY, TOL, rel_err
+
+pytestmark = GPU_ONLY
+
+pytest.importorskip("triton")
+
+B, T, H, D = 1, 8192, 2, 128
+
+
+def record(case: str, errors: dict) -> None:
+    print(case, {n: f"{e:.2e}" for n, e in errors.items()})
+    path = os.environ.get("GPU_ERRORS_JSON")
+    if path:
+        old = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+        old[case] = errors
+        with open(path, "w") as f:
+            json.dump(old, f, indent=1)
+
+
+def make_leaves(count: int, seed: int) -> list[torch.Tensor]:
+    """q, k (unit norm: the §7 transition contracts from the first tokens on), v in bf16 and,
+    for count > 0, a state h, k_sum, v_sum in fp32 of the size count tokens would give."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    leaves = [torch.randn(B, T, H, D, device=dev, generator=gen).to(torch.bfloat16),
+              F.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1).to(torch.bfloat16),
+              torch.randn(B, T, H, D, device=dev, generator=gen).to(torch.bfloat16)]
+    if count:
+        leaves += [0.1 * torch.randn(B, H, D, D, device=dev, generator=gen),
+                   F.normalize(torch.randn(B, H, D, device=dev, generator=gen), dim=-1) * count**0.5,
+                   count**0.5 * torch.randn(B, H, D, device=dev, generator=gen)]
+    return leaves
+
+
+@pytest.mark.parametrize("count", [0, 37])
+def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count):
+    lin = pytest.importorskip("kernels.linearized_softmax_gdn")
+    from kernels.common.triton import utils
+
+    leaves = make_leaves(count, seed=7 + count)
+    ours = [x.detach().clone().requires_grad_(True) for x in leaves]
+    ref = [x.detach().double().requires_grad_(True) for x in leaves]
+    st = lin.LinGDNState(*ours[3:], count) if count else None
+    st_ref = lin.LinGDNState(*ref[3:], count) if count else None
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    do = torch.randn(B, T, H, D, device="cuda", generator=gen).to(torch.bfloat16)
+    d_state = [torch.randn(s, device="cuda", generator=gen) for s in ((B, H, D, D), (B, H, D), (B, H, D))]
+    utils.DEBUG.poison = True
+    try:
+        o, s = lin.linearized_softmax_gdn(*ours[:3], initial_state=st, output_final_state=True, backend="triton")
+        grads = torch.autograd.grad((o, *s[:3]), ours, (do, *d_state))
+    finally:
+        utils.DEBUG.poison = False
+    o_ref, s_ref = lin.linearized_softmax_gdn(*ref[:3], initial_state=st_ref, output_final_state=True,
+                                              backend="torch")
+    grads_ref = torch.autograd.grad((o_ref, *s_ref[:3]), ref, (do.double(), *(x.double() for x in d_state)))
+    errors = {"o": rel_err(o, o_ref), "h": rel_err(s.h, s_ref.h), "k_sum": rel_err(s.k_sum, s_ref.k_sum),
+              "v_sum": rel_err(s.v_sum, s_ref.v_sum)}
+    for n, a, b in zip(("dq", "dk", "dv", "dh0", "dk_sum0", "dv_sum0"), grads, grads_ref):
+        errors[n] = rel_err(a, b)
+    record(f"lin_gdn_bf16_T{T}_count{count}", errors)
+    assert o.dtype == torch.bfloat16 and s.count == count + T
+    bad = {n: e for n, e in errors.items() if not e < TOL[torch.bfloat16]}
+    assert not bad, f"errors over {TOL[torch.bfloat16]}: {bad} (all: {errors})"
+
+
+def test_lin_gdn_prep_bf16_T8192_matches_torch():
+    """The preprocessing alone, from a state (count 37), every output and input gradient."""
+    from kernels.common.triton import utils
+    from kernels.linearized_softmax_gdn.triton_prep import LinGDNPrepFunction, PrepOptions, running_mean_torch
+
+    count = 37
+    leaves = make_leaves(count, seed=3)
+    leaves = [leaves[1], leaves[2], leaves[4], leaves[5]]  # k, v, k_sum, v_sum
+    ours = [x.detach().clone().requires_grad_(True) for x in leaves]
+    ref = [x.detach().double().requires_grad_(True) for x in leaves]
+    utils.DEBUG.poison = True
+    try:
+        out = LinGDNPrepFunction.apply(*ours, PrepOptions(count=count))
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        cots = [torch.randn(x.shape, device="cuda", generator=gen).to(x.dtype) for x in out]
+        grads = torch.autograd.grad(out, ours, cots)
+    finally:
+        utils.DEBUG.poison = False
+    out_ref = running_mean_torch(*ref, count, torch.float64, torch.float64)
+    grads_ref = torch.autograd.grad(out_ref, ref, [c.double() for c in cots])
+    names = ("key", "value", "v_bar", "k_sum", "v_sum", "dk", "dv", "dk_sum0", "dv_sum0")
+    errors = {n: rel_err(a, b) for n, a, b in zip(names, (*out, *grads), (*out_ref, *grads_ref))}
+    record(f"lin_gdn_prep_bf16_T{T}", errors)
+    bad = {n: e for n, e in errors.items() if not e < TOL[torch.bfloat16]}
+    assert not bad, f"errors over {TOL[torch.bfloat16]}: {bad} (all: {errors})"
