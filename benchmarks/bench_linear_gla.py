@@ -145,6 +145,7 @@ def pipeline_kernels(op: str, T: int) -> dict:
     """Zero-argument calls of each kernel of our pipeline for `op` at one T (inputs made
     once; intermediate inputs computed with the current LAUNCH settings)."""
     from kernels.common.triton.cumsum import chunk_local_cumsum
+    from kernels.common.triton.fused_forward import chunk_fwd_fused
     from kernels.common.triton.grad_qk import chunk_bwd_dqk
     from kernels.common.triton.output import chunk_bwd_dv, chunk_fwd_output
     from kernels.common.triton.states import chunk_bwd_states, chunk_fwd_states
@@ -162,6 +163,7 @@ def pipeline_kernels(op: str, T: int) -> dict:
     A = gla_intra_A(q, k, gamma, scale, BT) if vector else None
     dh, _ = chunk_bwd_states(q, do, gamma, gate, None, False, scale, BT)
     steps = {
+        "fwd_fused": lambda: chunk_fwd_fused(q, k, v, gamma, gate, A, None, False, scale, BT)[0],
         "fwd_states": lambda: chunk_fwd_states(k, v, gamma, gate, None, False, BT)[0],
         "fwd_output": lambda: chunk_fwd_output(q, k, v, h, gamma, gate, A, scale, BT),
         "bwd_states": lambda: chunk_bwd_states(q, do, gamma, gate, None, False, scale, BT)[0],

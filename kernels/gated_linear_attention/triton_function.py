@@ -2,9 +2,10 @@
 gated_linear_attention (linear attention is the ungated case of the same chunk pipeline).
 
 Forward:  gamma = chunk-local cumsum of g (log2 units)
-          h     = states entering each chunk              (common/triton/states.py)
           A     = vector-gate intra-chunk matrix          (triton_vector.py; vector gate only)
+          h     = states entering each chunk              (common/triton/states.py)
           o     = (Q e^gamma) h + A V per chunk           (common/triton/output.py)
+          or h and o in one sequential pass               (common/triton/fused_forward.py, K <= 128)
 Backward: dh    = gradients of the states leaving each chunk, dh0
           dv    = A^T dO + (K e^{gamma_C - gamma}) dh
           dq, dk, dg: common/triton/grad_qk.py (none/scalar gate) or triton_vector.py
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.common.triton.cumsum import chunk_local_cumsum
+from kernels.common.triton.fused_forward import chunk_fwd_fused, fused_forward_applies
 from kernels.common.triton.grad_qk import chunk_bwd_dqk
 from kernels.common.triton.output import chunk_bwd_dv, chunk_fwd_output
 from kernels.common.triton.states import chunk_bwd_states, chunk_fwd_states
@@ -52,9 +54,12 @@ class ChunkGatedLinearAttentionFunction(torch.autograd.Function):
         gate = gate_mode(g)
         BT = opts.chunk_size
         gamma = chunk_local_cumsum(g, BT, scale=LOG2E) if g is not None else None
-        h, ht = chunk_fwd_states(k, v, gamma, gate, h0, opts.output_final_state, BT)
         A = gla_intra_A(q, k, gamma, opts.scale, BT) if gate == GATE_VECTOR else None
-        o = chunk_fwd_output(q, k, v, h, gamma, gate, A, opts.scale, BT)
+        if fused_forward_applies(q.shape[-1]):
+            o, h, ht = chunk_fwd_fused(q, k, v, gamma, gate, A, h0, opts.output_final_state, opts.scale, BT)
+        else:
+            h, ht = chunk_fwd_states(k, v, gamma, gate, h0, opts.output_final_state, BT)
+            o = chunk_fwd_output(q, k, v, h, gamma, gate, A, opts.scale, BT)
         ctx.save_for_backward(q, k, v, gamma, h, A)
         ctx.opts = opts
         ctx.gate = gate

@@ -17,13 +17,25 @@ import torch
 import triton
 
 LAUNCH: dict[str, dict[str, int]] = {
-    "fwd_states": {"BK": 64, "BV": 64, "min_BV": 16, "min_waves": 2, "num_warps": 4, "num_stages": 2},
-    "bwd_states": {"BK": 64, "BV": 64, "min_BV": 16, "min_waves": 2, "num_warps": 4, "num_stages": 2},
-    "fwd_output": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2},
-    "bwd_dv": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2},
+    # fwd_fused (fused_forward.py): the forward's states and outputs in one sequential pass,
+    # used when enabled and K <= 128; else fwd_states + fwd_output
+    "fwd_fused": {"enabled": 1, "BK": 128, "BV": 64, "min_BV": 16, "min_waves": 2, "num_warps": 4, "num_stages": 2},
+    # H200, T = 32768 (B = 2), linear: 0.571 ms at BK 64 / BV down to 16 / 2 stages -> 0.376 here;
+    # the same at T = 2048: 0.318 -> 0.300 (results/bench/h200_linear_gla_tune.json)
+    "fwd_states": {"BK": 128, "BV": 64, "min_BV": 32, "min_waves": 2, "num_warps": 4, "num_stages": 3},
+    "bwd_states": {"BK": 128, "BV": 64, "min_BV": 32, "min_waves": 2, "num_warps": 4, "num_stages": 3},
+    # a vector gate's passes were slower with 3 stages at T = 2048 (0.44 -> 0.55 ms backward):
+    # BK 64 / BV down to 32 / 2 stages was best at both lengths
+    "fwd_states_vector": {"BK": 64, "BV": 64, "min_BV": 32, "min_waves": 2, "num_warps": 4, "num_stages": 2},
+    "bwd_states_vector": {"BK": 64, "BV": 64, "min_BV": 32, "min_waves": 2, "num_warps": 4, "num_stages": 2},
+    # BV 128 (one program per chunk computes A once): 0.40 vs 0.41 ms (linear), 0.42 vs 0.53 (bwd_dv, scalar)
+    "fwd_output": {"BK": 64, "BV": 128, "num_warps": 4, "num_stages": 2},
+    "bwd_dv": {"BK": 64, "BV": 128, "num_warps": 4, "num_stages": 2},
     "bwd_dqk": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2},
-    "intra_A": {"BK": 64, "num_warps": 4, "num_stages": 1},
-    "bwd_dqkg": {"BK": 64, "BV": 64, "num_warps": 8, "num_stages": 1},
+    # vector gate: intra_A with the whole K in one tile 0.44 -> 0.33 ms; bwd_dqkg at 4 warps
+    # 2.34 -> 1.94 ms on mild gates (the factored path), 8.9 -> 11.5 on very negative ones
+    "intra_A": {"BK": 128, "num_warps": 4, "num_stages": 1},
+    "bwd_dqkg": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1},
 }
 
 

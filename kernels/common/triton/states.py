@@ -26,7 +26,7 @@ import triton.language as tl
 
 from kernels.common.triton.launch import LAUNCH, sequential_blocks
 from kernels.common.triton.tiles import load_row, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import dot_precision, new_buffer, warps
+from kernels.common.triton.utils import GATE_VECTOR, dot_precision, new_buffer, warps
 
 
 @triton.jit
@@ -135,8 +135,9 @@ def chunk_fwd_states(
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    BK, BV = sequential_blocks("fwd_states", K, V, B * H, k.device)
-    cfg = LAUNCH["fwd_states"]
+    name = "fwd_states_vector" if gate == GATE_VECTOR else "fwd_states"
+    BK, BV = sequential_blocks(name, K, V, B * H, k.device)
+    cfg = LAUNCH[name]
     h = new_buffer((B, H, NT, K, V), state_dtype or k.dtype, k.device)
     ht = new_buffer((B, H, K, V), torch.float32, k.device) if output_final_state else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
@@ -163,8 +164,9 @@ def chunk_bwd_states(
     B, T, H, K = q.shape
     V = do.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    BK, BV = sequential_blocks("bwd_states", K, V, B * H, q.device)
-    cfg = LAUNCH["bwd_states"]
+    name = "bwd_states_vector" if gate == GATE_VECTOR else "bwd_states"
+    BK, BV = sequential_blocks(name, K, V, B * H, q.device)
+    cfg = LAUNCH[name]
     dh = new_buffer((B, H, NT, K, V), state_dtype or q.dtype, q.device)
     dh0 = new_buffer((B, H, K, V), torch.float32, q.device) if need_dh0 else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)

@@ -99,3 +99,41 @@ def test_gates_near_zero(compare):
 def test_scalar_gate_chunk_32_odd_dims(compare):
     tensors, h0 = make_inputs(1, 75, 1, 20, 24, torch.float32, vector=False, seed=8)
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=32)
+
+
+@pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
+def test_two_kernel_forward_matches_reference(compare, monkeypatch, gate):
+    """The forward without the fused kernel (fwd_states + fwd_output, what K > 128 runs)."""
+    from kernels.common.triton.launch import LAUNCH
+    from kernels.linear_attention import linear_attention
+
+    monkeypatch.setitem(LAUNCH, "fwd_fused", dict(LAUNCH["fwd_fused"], enabled=0))
+    tensors, h0 = make_inputs(1, 100, 2, 32, 16, torch.float32, gate == "vector", seed=21)
+    if gate == "none":
+        del tensors["g"]
+    compare(linear_attention if gate == "none" else gated_linear_attention, tensors, h0, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
+def test_fused_forward_equals_two_kernels(gate):
+    """Same states (bit for bit) and outputs (up to summation order) as the two kernels."""
+    from kernels.common.triton.cumsum import chunk_local_cumsum
+    from kernels.common.triton.fused_forward import chunk_fwd_fused
+    from kernels.common.triton.output import chunk_fwd_output
+    from kernels.common.triton.states import chunk_fwd_states
+    from kernels.common.triton.utils import LOG2E
+    from kernels.gated_linear_attention.triton_function import gate_mode
+    from kernels.gated_linear_attention.triton_vector import gla_intra_A
+    from tests.util import rel_err
+
+    tensors, h0 = make_inputs(2, 130, 1, 32, 32, torch.bfloat16, gate == "vector", seed=22)
+    q, k, v = (tensors[n].contiguous() for n in ("q", "k", "v"))
+    g = None if gate == "none" else tensors["g"].float()
+    mode = gate_mode(g)
+    gamma = chunk_local_cumsum(g, 64, LOG2E) if g is not None else None
+    A = gla_intra_A(q, k, gamma, 0.2, 64) if gate == "vector" else None
+    o, h, ht = chunk_fwd_fused(q, k, v, gamma, mode, A, h0, True, 0.2, 64)
+    h2, ht2 = chunk_fwd_states(k, v, gamma, mode, h0, True, 64)
+    o2 = chunk_fwd_output(q, k, v, h2, gamma, mode, A, 0.2, 64)
+    assert torch.equal(h, h2) and torch.equal(ht, ht2)
+    assert rel_err(o, o2) < 1e-3  # bf16 outputs of the same fp32 sums, in another order

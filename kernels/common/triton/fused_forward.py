@@ -1,0 +1,125 @@
+"""The forward pass in one sequential kernel: state passing and output together.
+
+The two-kernel forward (states.py then output.py) writes every chunk's entering state S_n
+to memory and reads it back for the output, and reads q, k, v twice. Here each program
+owns one V-block of one head, keeps its [K, BV] state in fp32 registers and walks the
+chunks in order; per chunk it
+    1. stores S_n (in the state dtype: the backward needs it),
+    2. writes O_n = scale (Q ⊙ e^gamma) S_n + A V_n, A = scale (Q K^T ⊙ Gamma) (causal),
+       with S_n rounded to the state dtype exactly as the output kernel reads it back,
+    3. moves on: S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n.
+So outputs and states equal the two-kernel path's. The price is recomputing A once per
+V-block and fewer programs (B * H * V-blocks): with few sequences the chunks of one
+program run one after another. launch.LAUNCH["fwd_fused"] says when it is used.
+
+The whole K must fit one tile (K <= 128 here); a vector gate brings its intra-chunk
+matrix A precomputed (kernels/gated_linear_attention/triton_vector.py), as in output.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.triton.launch import LAUNCH, sequential_blocks
+from kernels.common.triton.states import _decay_rows
+from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
+from kernels.common.triton.utils import GATE_VECTOR, dot_precision, new_buffer, warps
+
+MAX_K = 128  # the state tile is [K, BV] in registers
+
+
+@triton.jit
+def chunk_fwd_fused_kernel(
+    q, k, v, gamma, A, h0, h, ht, o, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = i_b.to(tl.int64) * T * H + i_h
+    o_i = tl.arange(0, BT)
+    m_causal = o_i[:, None] >= o_i[None, :]
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        b_h += load_tile(h0 + i_bh.to(tl.int64) * K * V, 0, i_v * BV, K, V, V, BK, BV)
+    for i_t in range(NT):
+        t0 = i_t * BT
+        m_t = t0 + o_i < T
+        p_state = h + (i_bh * NT + i_t).to(tl.int64) * K * V
+        store_tile(p_state, b_h, 0, i_v * BV, K, V, V, BK, BV)
+        b_q = load_tile(q + seq * K, t0, 0, T, K, H * K, BT, BK)
+        b_kt = load_tile_t(k + seq * K, t0, 0, T, K, H * K, BT, BK)
+        b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
+        # the state as the two-kernel path reads it back: rounded to the state dtype
+        b_hs = b_h.to(p_state.dtype.element_ty).to(b_q.dtype)
+        if GATE == 2:
+            b_g = load_tile(gamma + seq * K, t0, 0, T, K, H * K, BT, BK)
+            b_o = tl.dot((b_q * tl.exp2(b_g)).to(b_q.dtype), b_hs, input_precision=DOT_PREC)
+        else:
+            b_o = tl.dot(b_q, b_hs, input_precision=DOT_PREC)
+        if HAS_A:
+            b_A = load_tile(A + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
+        else:
+            b_A = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
+            if GATE == 1:
+                b_gs = tl.load(gamma + seq + (t0 + o_i) * H, mask=m_t, other=0.0)
+                b_o *= tl.exp2(b_gs)[:, None]
+                b_A *= tl.exp2(tl.where(m_causal, b_gs[:, None] - b_gs[None, :], float("-inf"))) * scale
+            else:
+                b_A = tl.where(m_causal, b_A, 0.0) * scale
+        b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+        store_tile(o + seq * V, b_o, t0, i_v * BV, T, V, H * V, BT, BV)
+        if GATE == 1:
+            b_kt, b_decay = _decay_rows(b_kt, gamma, seq, t0, T, H, K, BT, BK, 0, GATE, True)
+            b_h *= b_decay
+        elif GATE == 2:
+            b_kt, b_decay = _decay_rows(b_kt, gamma, seq, t0, T, H, K, BT, BK, 0, GATE, True)
+            b_h *= b_decay[:, None]
+        b_h += tl.dot(b_kt, b_v, input_precision=DOT_PREC)
+    if STORE_HT:
+        store_tile(ht + i_bh.to(tl.int64) * K * V, b_h, 0, i_v * BV, K, V, V, BK, BV)
+
+
+def fused_forward_applies(K: int) -> bool:
+    """Whether chunk_fwd_fused runs for key width K under the current LAUNCH settings."""
+    return bool(LAUNCH["fwd_fused"]["enabled"]) and K <= MAX_K
+
+
+def chunk_fwd_fused(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor | None, gate: int,
+    A: torch.Tensor | None, h0: torch.Tensor | None, output_final_state: bool, scale: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(o, h, ht): the outputs and states of chunk_fwd_states + chunk_fwd_output in one pass.
+
+    q, k: [B, T, H, K] with K <= 128; v: [B, T, H, V]; gamma: cumulative log2-gates
+    ([B, T, H] or [B, T, H, K] fp32) or None; A: [B, T, H, BT] fp32 for a vector gate, else
+    None; h0: [B, H, K, V] fp32 or None. Returns o [B, T, H, V] in v's dtype, the states
+    entering each chunk h [B, H, NT, K, V] in k's dtype and the final state [B, H, K, V]
+    fp32 (or None).
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if K > MAX_K:
+        raise ValueError(f"chunk_fwd_fused: K = {K} > {MAX_K}; use chunk_fwd_states + chunk_fwd_output")
+    if gate == GATE_VECTOR and A is None:
+        raise ValueError("chunk_fwd_fused: a vector gate needs its intra-chunk matrix A")
+    NT = triton.cdiv(T, chunk_size)
+    _, BV = sequential_blocks("fwd_fused", K, V, B * H, k.device)
+    BK = max(16, triton.next_power_of_2(K))
+    cfg = LAUNCH["fwd_fused"]
+    o = new_buffer((B, T, H, V), v.dtype, v.device)
+    h = new_buffer((B, H, NT, K, V), k.dtype, k.device)
+    ht = new_buffer((B, H, K, V), torch.float32, k.device) if output_final_state else None
+    grid = (triton.cdiv(V, BV), B * H)
+    chunk_fwd_fused_kernel[grid](
+        q, k, v, gamma if gamma is not None else q, A if A is not None else q, h0 if h0 is not None else h,
+        h, ht if ht is not None else h, o, scale, T, NT, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
+        GATE=gate, HAS_A=A is not None, HAS_H0=h0 is not None, STORE_HT=output_final_state,
+        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+    )
+    return o, h, ht
