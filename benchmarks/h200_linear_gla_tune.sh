@@ -8,7 +8,8 @@
 #
 # Triton's cache (compiled kernels and, with TRITON_CACHE_AUTOTUNING, FLA's autotuning
 # results) lives in .triton_cache/ in the repo, which a warm device machine keeps between
-# calls, and goes back as $OUT/triton_cache.tgz. TESTS_S / TUNE_S / ROWS_S: stage limits (s).
+# calls, and goes back as $OUT/triton_cache.tgz when small enough. TESTS_S / LIN_GDN_S / TUNE_S /
+# ROWS_S: stage limits (s); TESTS: the GPU test files; ROWS_OPS / TUNE_T: ops and lengths.
 # VARIANTS: JSON list of LAUNCH overrides (kernels/common/triton/launch.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,9 +22,14 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 cat "$OUT/env.txt"
 trap 'tar czf "$OUT/triton_cache.tgz" .triton_cache 2>/dev/null; ls -la "$OUT"' EXIT
 
+TESTS=${TESTS:-tests/gpu/test_linear_gla_gpu.py tests/gpu/test_step_gpu.py}
 if [ "${TESTS_S:-150}" -gt 0 ]; then
-    timeout -s INT "${TESTS_S:-150}" python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_linear_gla_gpu.py \
-        tests/gpu/test_step_gpu.py 2>&1 | grep -E "GPU-ERR|passed|failed|Error|error" | tee "$OUT/gpu_tests.log"
+    # shellcheck disable=SC2086
+    timeout -s INT "${TESTS_S:-150}" python3 -m pytest -q -s -p no:cacheprovider $TESTS 2>&1 \
+        | grep -E "GPU-ERR|passed|failed|Error|error|PASSED|FAILED" | tee "$OUT/gpu_tests.log"
+fi
+if [ "${LIN_GDN_S:-0}" -gt 0 ]; then
+    timeout -s INT "${LIN_GDN_S}" python3 benchmarks/bench_lin_gdn.py --out "$OUT/h200_lin_gdn.json" 2>&1 | tail -n 30
 fi
 VARIANTS=${VARIANTS:-[]}
 if [ "${TUNE_S:-150}" -gt 0 ]; then
