@@ -55,7 +55,7 @@ class ChunkGatedLinearAttentionFunction(torch.autograd.Function):
         BT = opts.chunk_size
         gamma = chunk_local_cumsum(g, BT, scale=LOG2E) if g is not None else None
         A = gla_intra_A(q, k, gamma, opts.scale, BT) if gate == GATE_VECTOR else None
-        if fused_forward_applies(q.shape[-1]):
+        if fused_forward_applies(q.shape[-1], q.shape[0] * q.shape[2], gate):
             o, h, ht = chunk_fwd_fused(q, k, v, gamma, gate, A, h0, opts.output_final_state, opts.scale, BT)
         else:
             h, ht = chunk_fwd_states(k, v, gamma, gate, h0, opts.output_final_state, BT)

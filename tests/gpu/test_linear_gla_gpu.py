@@ -104,6 +104,19 @@ def test_fp32(gate, K, V, T):
     assert_each(errors, TOL[torch.float32])
 
 
+@pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
+def test_bf16_fused_forward(monkeypatch, gate):
+    """The fused forward (kernels/common/triton/fused_forward.py), which the benchmark shapes
+    use from B * H = 64 on, forced here at B * H = 2."""
+    from kernels.common.triton.launch import LAUNCH
+
+    for name in ("fwd_fused", "fwd_fused_vector"):
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1))
+    tensors, h0 = make_inputs(1, 8192, 2, 128, 128, torch.bfloat16, gate, "near0", seed=77)
+    errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 fused T=8192 gate={gate}")
+    assert_each(errors, TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("gate", ["scalar", "vector"])
 def test_fp16_and_large_head_dims(gate):
     tensors, h0 = make_inputs(1, 1500, 2, 256, 256, torch.float16, gate, "near0", seed=3)

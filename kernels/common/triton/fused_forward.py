@@ -10,7 +10,8 @@ chunks in order; per chunk it
     3. moves on: S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n.
 So outputs and states equal the two-kernel path's. The price is recomputing A once per
 V-block and fewer programs (B * H * V-blocks): with few sequences the chunks of one
-program run one after another. launch.LAUNCH["fwd_fused"] says when it is used.
+program run one after another. launch.LAUNCH["fwd_fused"] (and "fwd_fused_vector") say
+when it is used.
 
 The whole K must fit one tile (K <= 128 here); a vector gate brings its intra-chunk
 matrix A precomputed (kernels/gated_linear_attention/triton_vector.py), as in output.py.
@@ -84,9 +85,16 @@ def chunk_fwd_fused_kernel(
         store_tile(ht + i_bh.to(tl.int64) * K * V, b_h, 0, i_v * BV, K, V, V, BK, BV)
 
 
-def fused_forward_applies(K: int) -> bool:
-    """Whether chunk_fwd_fused runs for key width K under the current LAUNCH settings."""
-    return bool(LAUNCH["fwd_fused"]["enabled"]) and K <= MAX_K
+def launch_name(gate: int) -> str:
+    """The LAUNCH entry of the fused forward for a gate mode."""
+    return "fwd_fused_vector" if gate == GATE_VECTOR else "fwd_fused"
+
+
+def fused_forward_applies(K: int, n_heads: int, gate: int) -> bool:
+    """Whether chunk_fwd_fused runs for key width K and n_heads = B * H sequences of heads
+    under the current LAUNCH settings (enabled, K <= 128, n_heads >= min_heads)."""
+    cfg = LAUNCH[launch_name(gate)]
+    return bool(cfg["enabled"]) and K <= MAX_K and n_heads >= cfg["min_heads"]
 
 
 def chunk_fwd_fused(
@@ -109,9 +117,10 @@ def chunk_fwd_fused(
     if gate == GATE_VECTOR and A is None:
         raise ValueError("chunk_fwd_fused: a vector gate needs its intra-chunk matrix A")
     NT = triton.cdiv(T, chunk_size)
-    _, BV = sequential_blocks("fwd_fused", K, V, B * H, k.device)
+    name = launch_name(gate)
+    _, BV = sequential_blocks(name, K, V, B * H, k.device)
     BK = max(16, triton.next_power_of_2(K))
-    cfg = LAUNCH["fwd_fused"]
+    cfg = LAUNCH[name]
     o = new_buffer((B, T, H, V), v.dtype, v.device)
     h = new_buffer((B, H, NT, K, V), k.dtype, k.device)
     ht = new_buffer((B, H, K, V), torch.float32, k.device) if output_final_state else None

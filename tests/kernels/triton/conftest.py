@@ -56,3 +56,15 @@ def compare_with_reference(op, tensors: dict, initial_state, tol: float, chunk_s
 @pytest.fixture
 def compare():
     return compare_with_reference
+
+
+@pytest.fixture(autouse=True)
+def fused_forward_at_small_shapes(monkeypatch):
+    """The fused linear/GLA forward is used from LAUNCH's min_heads sequences of heads on (a
+    GPU setting); the small test shapes have a handful, so it is lowered to 1 here and the
+    generic tests run the fused path. The two-kernel path has tests of its own that switch
+    the fused one off."""
+    from kernels.common.triton.launch import LAUNCH
+
+    for name in ("fwd_fused", "fwd_fused_vector"):
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1))

@@ -107,7 +107,8 @@ def test_two_kernel_forward_matches_reference(compare, monkeypatch, gate):
     from kernels.common.triton.launch import LAUNCH
     from kernels.linear_attention import linear_attention
 
-    monkeypatch.setitem(LAUNCH, "fwd_fused", dict(LAUNCH["fwd_fused"], enabled=0))
+    for name in ("fwd_fused", "fwd_fused_vector"):
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], enabled=0))
     tensors, h0 = make_inputs(1, 100, 2, 32, 16, torch.float32, gate == "vector", seed=21)
     if gate == "none":
         del tensors["g"]
