@@ -7,11 +7,13 @@ Shapes (as in /work/shared/anchors): B*T = 65,536 tokens, H = 16, K = V = 128, b
 + 0.25 in fp32 (FLA's own example), T in {2048, 8192, 32768}, 30 CG iterations for both
 (FLA's default max_CG_iteration). Sections, in the order they run, the JSON rewritten after
 each so a run cut short keeps what it measured:
-  sweep     time of the forward solve kernel for a few launch settings at T = 8192, each
-            checked against the default's q*; the fastest correct one is "fast"
+  sweep     time of the forward and backward solve kernels for each VARIANT at T = 8192,
+            q*, o and y checked against the first variant's (the GPU-tested streaming CG),
+            with the compiled kernels' registers, spills and shared memory; the correct one
+            with the least fwd + bwd time is "fast" (JSON: tuning_fast, fast_variant)
   rows      per T (curve after the first T, accuracy last): fwd and fwd+bwd medians (triton.testing.do_bench) of ours (default and
             fast settings) and FLA's chunk_mesa_net, ratios, peak memory, o against FLA's,
-            and the time of each of our kernels
+            and the time of each of our kernels (default and fast settings)
   curve     relative error of q* after n CG iterations against the exact solve (fp64),
             ours and the torch backend's (kernels/mesa/cg.py), for two ridges
   accuracy  o, final states and every gradient of the fast settings against the torch
@@ -36,18 +38,27 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels.common.chunking import split_chunks
 from kernels.mesa import triton_function as tf
+from kernels.mesa import triton_solve
 from kernels.mesa.cg import _exact_solution, cg_residual_curve
 from kernels.mesa.chunked import mesa_chunked
 from kernels.mesa.state import MesaState
 from kernels.mesa.triton_op import mesa_triton
-from kernels.mesa.triton_solve import mesa_fwd_solve
+from kernels.mesa.triton_solve import SolveLaunch, mesa_bwd_solve, mesa_fwd_solve
 from kernels.mesa.triton_states import mesa_fwd_states
 
 CG_STEPS = 30
-VARIANTS = [  # launch settings of the CG kernels tried in the sweep (the first is the default)
-    {"rows": 64, "solve_warps": 8},
-    {"rows": 32, "solve_warps": 4},
-    {"rows": 64, "solve_warps": 4},
+# the TUNING entries a sweep variant sets (a variant leaving one out takes TUNING's)
+SWEEP_KEYS = ("resident", "rows", "solve_warps", "weights_scan", "diag_prec")
+FAST_PROLOGUE = {"weights_scan": 1, "diag_prec": "cg"}  # no fp32 FMA dots before the CG loop
+VARIANTS = [  # settings of the CG kernels tried in the sweep; the first is the reference of the checks
+    {"resident": 0, "rows": 64, "solve_warps": 8, "weights_scan": 0, "diag_prec": "ieee"},  # the GPU-tested path
+    {"resident": 1, "rows": 64, "solve_warps": 8},  # H0^T and keys on chip through the CG loop
+    {"resident": 1, "rows": 64, "solve_warps": 4},
+    {"resident": 1, "rows": 32, "solve_warps": 4},  # half a chunk per program: fewer registers
+    {"resident": 1, "rows": 32, "solve_warps": 8},
+    {"resident": 1, "rows": 64, "solve_warps": 16},  # 128 registers a thread at most
+    {"resident": 1, "rows": 64, "solve_warps": 8, **FAST_PROLOGUE},
+    {"resident": 1, "rows": 32, "solve_warps": 8, **FAST_PROLOGUE},
 ]
 
 
@@ -122,55 +133,114 @@ def time_one(fwd, leaves, do):
     return row
 
 
-def sweep(T, H, D, tokens):
-    """Forward solve kernel alone for each VARIANT; q* checked against the first's."""
-    leaves, _ = make_inputs(max(1, tokens // T), T, H, D)
+def compiled_info(name):
+    """Registers per thread, spilled registers and shared memory of the latest launch of a
+    solve kernel ("fwd" or "bwd")."""
+    kernel = triton_solve.LAST_COMPILED.get(name)
+    try:
+        return {"n_regs": kernel.n_regs, "n_spills": kernel.n_spills, "shared_bytes": kernel.metadata.shared}
+    except Exception as e:  # noqa: BLE001 - attribute names differ across Triton versions
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+
+
+def settings(over=None):
+    """The SWEEP_KEYS of TUNING, with overrides."""
+    return {k: (over or {}).get(k, tf.TUNING[k]) for k in SWEEP_KEYS}
+
+
+def launch_of(over=None):
+    """The solve kernels' SolveLaunch for TUNING with overrides."""
+    return SolveLaunch.from_tuning({**tf.TUNING, **(over or {})})
+
+
+def dump_asm(folder, tag):
+    """Write the TTGIR and cubin of the latest fwd and bwd solve launches (for offline
+    reading with cuobjdump -sass: spills, layouts, shared memory)."""
+    os.makedirs(folder, exist_ok=True)
+    for name in ("fwd", "bwd"):
+        try:
+            asm = triton_solve.LAST_COMPILED[name].asm
+            with open(os.path.join(folder, f"{tag}_{name}.ttgir"), "w") as f:
+                f.write(asm["ttgir"])
+            with open(os.path.join(folder, f"{tag}_{name}.cubin"), "wb") as f:
+                f.write(asm["cubin"])
+        except Exception as e:  # noqa: BLE001 - diagnostics only
+            print("dump_asm", tag, name, type(e).__name__, e, flush=True)
+
+
+def sweep(T, H, D, tokens, asm_dir=None):
+    """Forward and backward solve kernels alone for each VARIANT; q*, o, y checked against
+    the first variant's; fwd_steps0_ms is the forward without CG iterations (what the
+    prologue and the output cost). Returns (records, the fastest correct variant's
+    settings, its index)."""
+    leaves, do = make_inputs(max(1, tokens // T), T, H, D)
     q, k, v, g, beta, lamb = leaves
+    scale = D**-0.5
     h_kk, _ = mesa_fwd_states(k, k, g, beta, None, False, 64, "tf32")
     h_kv, _ = mesa_fwd_states(k, v, g, beta, None, False, 64, "tf32")
     out, first = [], None
-    for over in VARIANTS:
-        rec = dict(over)
+    for i, over in enumerate(VARIANTS):
+        rec = settings(over)
+        launch = launch_of(over)
         try:
-            def run(over=over):
-                return mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, D**-0.5, CG_STEPS, None, 64,
-                                      "tf32", "tf32", rows=over["rows"], num_warps=over["solve_warps"])
-            q_star, o = run()
-            first = first or (q_star, o)
-            rec["q_star_vs_default"] = rel(q_star, first[0])
-            rec["o_vs_default"] = rel(o, first[1])
-            rec["ms"] = do_bench(run, warmup=10, rep=50, return_mode="median")
+            def fwd(launch=launch, steps=CG_STEPS):
+                return mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, steps, None, 64,
+                                      "tf32", "tf32", launch)
+
+            q_star, o = fwd()
+            rec["fwd_kernel"] = compiled_info("fwd")
+            # every variant's backward starts from the same q* (the reference's), so y compares
+            q_star_in = q_star if first is None else first[0]
+
+            def bwd(launch=launch, q_star_in=q_star_in):
+                return mesa_bwd_solve(k, v, g, beta, lamb, h_kk, h_kv, q_star_in, do, scale, CG_STEPS, None, 64,
+                                      "tf32", "tf32", q.dtype, launch)
+
+            y = bwd()[0]
+            rec["bwd_kernel"] = compiled_info("bwd")
+            if asm_dir:
+                dump_asm(asm_dir, f"variant{i}")
+            first = first or (q_star, o, y)
+            rec["q_star_vs_first"] = rel(q_star, first[0])
+            rec["o_vs_first"] = rel(o, first[1])
+            rec["y_vs_first"] = rel(y, first[2])
+            rec["fwd_ms"] = do_bench(fwd, warmup=10, rep=50, return_mode="median")
+            rec["bwd_ms"] = do_bench(bwd, warmup=10, rep=50, return_mode="median")
+            rec["fwd_steps0_ms"] = do_bench(lambda: fwd(steps=0), warmup=10, rep=50, return_mode="median")
         except Exception as e:  # noqa: BLE001 - a variant that fails to compile or run is recorded
             rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         print("sweep", rec, flush=True)
         out.append(rec)
-    ok = [r for r in out if "ms" in r and r["q_star_vs_default"] < 1e-3 and r["o_vs_default"] < 1e-2]
-    best = min(ok, key=lambda r: r["ms"]) if ok else VARIANTS[0]
-    return out, {k: best[k] for k in ("rows", "solve_warps")}
+    ok = [i for i, r in enumerate(out) if "bwd_ms" in r and r["q_star_vs_first"] < 1e-3
+          and r["o_vs_first"] < 1e-2 and r["y_vs_first"] < 1e-3]
+    if not ok:
+        return out, settings(), None
+    best = min(ok, key=lambda i: out[i]["fwd_ms"] + out[i]["bwd_ms"])
+    return out, settings(VARIANTS[best]), best
 
 
 def kernel_breakdown(leaves, do, scale):
-    """Median ms of each stage of ours (default settings)."""
+    """Median ms of each stage of ours (current TUNING settings)."""
     from kernels.mesa.triton_grads import mesa_bwd_grads
     from kernels.mesa.triton_solve import mesa_bwd_solve
     from kernels.mesa.triton_states import mesa_bwd_states
 
     q, k, v, g, beta, lamb = (x.detach() for x in leaves)
-    rows, warps = int(tf.TUNING["rows"]), int(tf.TUNING["solve_warps"])
+    launch = launch_of()
     h_kk, _ = mesa_fwd_states(k, k, g, beta, None, False, 64, "tf32")
     h_kv, _ = mesa_fwd_states(k, v, g, beta, None, False, 64, "tf32")
-    q_star, _ = mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, CG_STEPS, None, 64, "tf32", "tf32", rows, warps)
+    q_star, _ = mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, CG_STEPS, None, 64, "tf32", "tf32", launch)
     y, _, e, _ = mesa_bwd_solve(k, v, g, beta, lamb, h_kk, h_kv, q_star, do, scale, CG_STEPS, None, 64, "tf32",
-                                "tf32", q.dtype, rows, warps)
+                                "tf32", q.dtype, launch)
     dh_kk, _, d1 = mesa_bwd_states(y, q_star, g, h_kk, None, -1.0, False, 64, "tf32")
     dh_kv, _, d2 = mesa_bwd_states(q_star, do, g, h_kv, None, 1.0, False, 64, "tf32")
     steps = {
         "fwd_states_x2": lambda: (mesa_fwd_states(k, k, g, beta, None, False, 64, "tf32"),
                                   mesa_fwd_states(k, v, g, beta, None, False, 64, "tf32")),
         "fwd_solve": lambda: mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, CG_STEPS, None, 64, "tf32",
-                                            "tf32", rows, warps),
+                                            "tf32", launch),
         "bwd_solve": lambda: mesa_bwd_solve(k, v, g, beta, lamb, h_kk, h_kv, q_star, do, scale, CG_STEPS, None, 64,
-                                            "tf32", "tf32", q.dtype, rows, warps),
+                                            "tf32", "tf32", q.dtype, launch),
         "bwd_states_x2": lambda: (mesa_bwd_states(y, q_star, g, h_kk, None, -1.0, False, 64, "tf32"),
                                   mesa_bwd_states(q_star, do, g, h_kv, None, 1.0, False, 64, "tf32")),
         "bwd_grads": lambda: mesa_bwd_grads(k, v, g, beta, q_star, y, do, dh_kk, dh_kv, e, d1 + d2, 64, "tf32",
@@ -194,7 +264,7 @@ def residual_curves(D, counts):
         ours = {}
         for n in counts:
             q_star, _ = mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, n, None, 64, "tf32", "tf32",
-                                       int(tf.TUNING["rows"]), int(tf.TUNING["solve_warps"]))
+                                       launch_of())
             ours[n] = rel(split_chunks(q_star, 64), exact)
         torch_curve = cg_residual_curve(q, k.float(), g, beta, lamb, counts, scale=scale, chunk_size=64)
         out[name] = {"ours_triton_tf32": ours, "torch_fp32": torch_curve}
@@ -231,7 +301,15 @@ def main():
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--D", type=int, default=128)
     ap.add_argument("--skip", nargs="*", default=[], help="sections to leave out: sweep curve accuracy fla")
+    ap.add_argument("--tune", default="", help='JSON overrides of the default TUNING, e.g. {"resident": 0}')
+    ap.add_argument("--variants", default="", help='JSON list replacing VARIANTS, e.g. [{"resident": 1, '
+                    '"rows": 32, "solve_warps": 8}] (keys of SWEEP_KEYS, others from TUNING; the first is the '
+                    'reference of the checks)')
+    ap.add_argument("--asm", default="", help="folder for the TTGIR and cubin of each sweep variant's kernels")
     args = ap.parse_args()
+    tf.TUNING.update(json.loads(args.tune) if args.tune else {})
+    if args.variants:
+        VARIANTS[:] = json.loads(args.variants)
     import importlib.metadata as md
 
     versions = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()}
@@ -240,6 +318,7 @@ def main():
     except md.PackageNotFoundError:
         versions["fla-core"] = None
     record = {
+        "variants": VARIANTS,
         "what": "Triton MesaNet (this repo) vs FLA 0.6.0 chunk_mesa_net; median ms (triton.testing.do_bench); "
         f"bf16 q/k/v, fp32 g/beta/lamb, B*T={args.tokens}, H={args.H}, K=V={args.D}, {CG_STEPS} CG iterations",
         "device": torch.cuda.get_device_name(), "versions": versions, "tuning_default": dict(tf.TUNING),
@@ -253,10 +332,13 @@ def main():
             with open(path, "w") as f:
                 json.dump(record, f, indent=1)
 
-    fast = {k: tf.TUNING[k] for k in ("rows", "solve_warps")}
+    fast, record["fast_variant"] = settings(), "default (sweep skipped)"
     if "sweep" not in args.skip:
-        record["sweep_T8192"], fast = sweep(8192, args.H, args.D, args.tokens)
+        record["sweep_T8192"], fast, best = sweep(8192, args.H, args.D, args.tokens, args.asm or None)
+        record["fast_variant"] = (f"VARIANTS[{best}] (least fwd + bwd solve ms among the correct ones)"
+                                  if best is not None else "default (no variant passed the checks)")
     record["tuning_fast"] = fast
+    print("fast settings:", fast, record["fast_variant"], flush=True)
     save()
     sections = [("row", args.T[0]), ("curve", None)] + [("row", T) for T in args.T[1:]] + [("accuracy", None)]
     for kind, T in sections:
@@ -264,7 +346,7 @@ def main():
             record["cg_residual_curve_T2048"] = residual_curves(args.D, [0, 1, 2, 3, 4, 6, 8, 12, 16, 20, 25, 30, 40, 50])
         elif kind == "accuracy" and "accuracy" not in args.skip:
             record["accuracy_vs_chunked_fp64_T2048"] = {"default": accuracy({}, args.D)}
-            if fast != {k: tf.TUNING[k] for k in fast}:
+            if fast != settings():
                 record["accuracy_vs_chunked_fp64_T2048"]["fast"] = accuracy(fast, args.D)
             print("accuracy", record["accuracy_vs_chunked_fp64_T2048"], flush=True)
         elif kind == "row":
@@ -279,7 +361,7 @@ def main():
                     cands["fla"] = fla_fn(leaves)
                 except ImportError as e:  # FLA is optional: comparison only
                     row["fla_error"] = f"{type(e).__name__}: {e}"
-            if fast != {k: tf.TUNING[k] for k in fast}:
+            if fast != settings():
                 cands["ours_fast"] = ours_fn(leaves, scale)
             for name, fn in cands.items():
                 with Tuned(fast if name == "ours_fast" else {}):
@@ -298,8 +380,11 @@ def main():
                 except Exception as e:  # noqa: BLE001 - comparison only
                     row["o_rel_diff_vs_fla"] = f"{type(e).__name__}: {str(e)[:200]}"
             row["kernels_ms"] = kernel_breakdown(leaves, do, scale)
+            if fast != settings():
+                with Tuned(fast):
+                    row["kernels_ms_fast"] = kernel_breakdown(leaves, do, scale)
             print(T, "ratios", row.get("ratios"), "vs fla", row.get("o_rel_diff_vs_fla"), "\n  kernels",
-                  row["kernels_ms"], flush=True)
+                  row["kernels_ms"], "\n  kernels (fast)", row.get("kernels_ms_fast"), flush=True)
             del leaves, do, cands
             torch.cuda.empty_cache()
         save()

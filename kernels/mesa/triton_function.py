@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.mesa.triton_grads import mesa_bwd_grads
-from kernels.mesa.triton_solve import mesa_bwd_solve, mesa_fwd_solve
+from kernels.mesa.triton_solve import SolveLaunch, mesa_bwd_solve, mesa_fwd_solve
 from kernels.mesa.triton_states import mesa_bwd_states, mesa_fwd_states
 
 # Launch settings and dot precisions for 16-bit inputs; benchmarks may override entries.
@@ -28,6 +28,16 @@ TUNING: dict[str, object] = {
     "cg_prec": "tf32",  # tl.dot precision inside the CG loops
     "prec": "tf32",  # every other dot (states, outputs, gradients)
     "rows": 64,  # rows (tokens) per CG program: the chunk, or half of it
+    # 1: the CG programs load H0^T (fp32 K x K) and the chunk's keys once and keep them on chip
+    # for every iteration; 0: each mat-vec reads them again from global memory (~100 KB per
+    # iteration at K = 128, unless Triton hoists the reads itself). Same maths, same results.
+    "resident": 1,
+    # 1: the CG programs' segment sums of gates by a running sum (tl.cumsum) instead of an
+    # fp32 FMA product with a 0/1 matrix: the same terms, another order; a cheaper prologue.
+    "weights_scan": 0,
+    # "cg": diag(M), which only sets the Jacobi start, at cg_prec on tensor cores; "ieee":
+    # fp32 FMAs (a BR x BT x K product in every CG program's prologue).
+    "diag_prec": "ieee",
     "solve_warps": 8,
     "state_warps": 4,
     "grads_warps": 8,
@@ -69,7 +79,7 @@ class MesaFunction(torch.autograd.Function):
         h_kv, ht_kv = mesa_fwd_states(k, v, g, beta, h_kv0, opts.output_final_state, BT, prec, warps)
         q_star, o = mesa_fwd_solve(
             q, k, v, g, beta, lamb, h_kk, h_kv, opts.scale, opts.cg_steps, opts.cg_tol, BT, prec, cg_prec,
-            rows=int(TUNING["rows"]), num_warps=int(TUNING["solve_warps"]),
+            launch=SolveLaunch.from_tuning(TUNING),
         )
         ctx.save_for_backward(k, v, g, beta, lamb, h_kk, h_kv, q_star)
         ctx.opts = opts
@@ -87,7 +97,7 @@ class MesaFunction(torch.autograd.Function):
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
         y, dq, e, dlamb = mesa_bwd_solve(
             k, v, g, beta, lamb, h_kk, h_kv, q_star, do, opts.scale, opts.cg_steps, opts.cg_tol, BT, prec,
-            cg_prec, ctx.q_dtype, rows=int(TUNING["rows"]), num_warps=int(TUNING["solve_warps"]),
+            cg_prec, ctx.q_dtype, launch=SolveLaunch.from_tuning(TUNING),
         )
         warps = int(TUNING["state_warps"])
         # K x K state: its chunk term is -(Y ⊙ d)^T Q*; K x V state: (Q* ⊙ d)^T dO

@@ -17,6 +17,11 @@ of rows are one exact 0/1-matrix product ("ieee" dot: products by 1.0 are exact)
 All tiles are fp32 whatever the input dtype; `PREC` is the tl.dot input precision of the
 mat-vec ("ieee" for fp32 inputs, "tf32" or "tf32x3" for 16-bit inputs on a GPU).
 Row vectors of a block are indexed by i (rows of the block), columns by j (tokens of the chunk).
+
+Two forms of the CG loop, identical up to rounding: streaming (`cg_solve`: every mat-vec reads
+H0^T and the keys from global memory, little on-chip state) and resident (`cg_solve_tiles`:
+the caller loads them once and they stay on chip for all iterations; more registers/shared
+memory, no global reads per iteration). TUNING["resident"] (triton_function.py) picks one.
 """
 
 from __future__ import annotations
@@ -41,15 +46,27 @@ def load_gates(g, beta, seq, t0, T, H, BT: tl.constexpr):
 
 
 @triton.jit
-def chunk_weights(b_g, b_beta, i0, BR: tl.constexpr, BT: tl.constexpr):
+def chunk_weights(b_g, b_beta, i0, BR: tl.constexpr, BT: tl.constexpr, SCAN: tl.constexpr):
     """For rows i0 .. i0+BR-1 of a chunk (positions inside the chunk):
-    W [BR, BT] = Gamma_ij beta_j (zero above the diagonal), Gamma [BR, BT] and d [BR]."""
+    W [BR, BT] = Gamma_ij beta_j (zero above the diagonal), Gamma [BR, BT] and d [BR].
+    SCAN: segment sums by a running sum down the rows instead of the 0/1-matrix product
+    (the same same-sign terms in another order; no fp32 FMA dot, which costs about
+    BR * BT * BT / threads FMAs and registers in the prologue of every CG program)."""
     o_i = i0 + tl.arange(0, BR)
     o_j = tl.arange(0, BT)
-    # seg[i, j] = sum_s [s <= i] [s > j] g_s as a product of a 0/1 matrix and masked gates
     b_upto = tl.where(o_j[None, :] <= o_i[:, None], 1.0, 0.0)  # [BR, BT(s)]
-    b_after = tl.where(o_j[:, None] > o_j[None, :], b_g[:, None], 0.0)  # [BT(s), BT(j)]
-    b_seg = tl.dot(b_upto, b_after, input_precision="ieee")
+    if SCAN:
+        # seg[i, j] = (g_s of the chunk's rows before this block, s > j) + (running sum of
+        # g_s down the block's rows, s > j); the gates of the block's rows are picked out
+        # of b_g by a masked sum (adding zeros is exact)
+        b_g_rows = tl.sum(tl.where(o_j[None, :] == o_i[:, None], b_g[None, :], 0.0), axis=1)  # [BR]
+        m_before = (o_j[:, None] > o_j[None, :]) & (o_j[:, None] < i0)  # [BT(s), BT(j)]
+        b_before = tl.sum(tl.where(m_before, b_g[:, None], 0.0), axis=0)  # [BT(j)]
+        b_seg = b_before[None, :] + tl.cumsum(tl.where(o_i[:, None] > o_j[None, :], b_g_rows[:, None], 0.0), axis=0)
+    else:
+        # seg[i, j] = sum_s [s <= i] [s > j] g_s as a product of a 0/1 matrix and masked gates
+        b_after = tl.where(o_j[:, None] > o_j[None, :], b_g[:, None], 0.0)  # [BT(s), BT(j)]
+        b_seg = tl.dot(b_upto, b_after, input_precision="ieee")
     b_gamma = tl.where(o_i[:, None] >= o_j[None, :], tl.exp2(b_seg), 0.0)
     b_d = tl.exp2(tl.sum(b_upto * b_g[None, :], axis=1))
     return b_gamma * b_beta[None, :], b_gamma, b_d
@@ -65,32 +82,59 @@ def decay_to_end(b_g, BT: tl.constexpr):
 
 
 @triton.jit
-def load_system(k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T,
-                H, K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-    """The row data of the implicit M_i, rows i0 .. i0+BR-1 of the chunk starting at t0.
+def system_rows(b_k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T,
+                H, K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                SCAN: tl.constexpr, DIAG_PREC: tl.constexpr):
+    """The row data of the implicit M_i, rows i0 .. i0+BR-1 of the chunk starting at t0,
+    given the chunk's keys b_k [BT, BK] fp32 (zero past T and past K).
 
     h_kk points at the K x K state entering the chunk. Returns (W [BR, BT], d [BR], lamb
     [BK] (1 in padded columns, so padding stays zero and never divides by zero),
-    diag(M_i) [BR, BK]). The keys and H0 are not kept: `matvec` reads them each time
-    (they stream through shared memory instead of occupying registers)."""
+    diag(M_i) [BR, BK]). SCAN: see chunk_weights; DIAG_PREC: the dot precision of diag(M_i),
+    which only sets the Jacobi start ("ieee": fp32 FMAs; the CG loop's precision runs on
+    tensor cores)."""
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_g, b_beta = load_gates(g, beta, seq, t0, T, H, BT)
-    b_w, _, b_d = chunk_weights(b_g, b_beta, i0, BR, BT)
-    b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
+    b_w, _, b_d = chunk_weights(b_g, b_beta, i0, BR, BT, SCAN)
     b_h0_diag = tl.load(h_kk + o_k * (K + 1), mask=m_k, other=0.0)
     b_lamb = tl.load(lamb + i_h * K + o_k, mask=m_k, other=1.0).to(tl.float32)
-    b_diag = (b_d[:, None] * b_h0_diag[None, :] + tl.dot(b_w, b_k * b_k, input_precision="ieee")
+    b_diag = (b_d[:, None] * b_h0_diag[None, :] + tl.dot(b_w, b_k * b_k, input_precision=DIAG_PREC)
               + b_lamb[None, :])
     return b_w, b_d, b_lamb, b_diag
 
 
 @triton.jit
+def load_system(k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T,
+                H, K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                SCAN: tl.constexpr, DIAG_PREC: tl.constexpr):
+    """system_rows for the streaming path: the keys are read here for diag(M_i) and not
+    kept (`matvec` reads them again each time, so they occupy no registers across the loop)."""
+    b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
+    return system_rows(b_k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T, H, K, BT, BR, BK, SCAN, DIAG_PREC)
+
+
+@triton.jit
+def load_system_tiles(k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T,
+                      H, K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                      SCAN: tl.constexpr, DIAG_PREC: tl.constexpr):
+    """system_rows for the resident path, which keeps what the mat-vec needs: returns (W, d,
+    lamb, diag(M_i)) as system_rows, then H0^T [BK, BK] and the chunk's keys [BT, BK], fp32
+    (converted once here: the conversion would be hoisted out of the CG loop anyway)."""
+    b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
+    b_h0t = load_tile_t(h_kk, 0, 0, K, K, K, BK, BK)
+    b_w, b_d, b_lamb, b_diag = system_rows(b_k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T, H, K, BT, BR, BK,
+                                           SCAN, DIAG_PREC)
+    return b_w, b_d, b_lamb, b_diag, b_h0t, b_k
+
+
+@triton.jit
 def matvec(b_p, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
            K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """Rows M_i p_i for a block of rows p [BR, BK]; p_k: the head's keys (k + seq * K),
-    p_h0: the K x K state entering the chunk (applied as p H0^T, the torch path's
-    convention, so that d(y^T M x)/dH0 = y x^T)."""
+    """Rows M_i p_i for a block of rows p [BR, BK] (streaming path); p_k: the head's keys
+    (k + seq * K), p_h0: the K x K state entering the chunk (applied as p H0^T, the torch
+    path's convention, so that d(y^T M x)/dH0 = y x^T). H0^T and the keys are read from
+    global memory at every call."""
     b_h0t = load_tile_t(p_h0, 0, 0, K, K, K, BK, BK)
     b_kt = load_tile_t(p_k, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
     b_k = load_tile(p_k, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
@@ -101,10 +145,20 @@ def matvec(b_p, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
 
 
 @triton.jit
-def cg_step(b_x, b_r, b_p, b_rr, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
-            K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """One conjugate-gradient iteration for every row (each row is its own system)."""
-    b_mp = matvec(b_p, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, K, BT, BK, PREC)
+def matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC: tl.constexpr):
+    """Rows M_i p_i for a block of rows p [BR, BK] (resident path) from tiles already on
+    chip: b_h0t [BK, BK] = H0^T (as in `matvec`) and the chunk's keys b_k [BT, BK], both fp32.
+    K^T is the same key tile transposed on chip, not a second copy read from memory."""
+    b_mp = tl.dot(b_p, b_h0t, input_precision=PREC) * b_d[:, None]
+    b_a = tl.dot(b_p, tl.trans(b_k), input_precision=PREC) * b_w  # [BR, BT]: (k_j . p_i) W_ij
+    b_mp += tl.dot(b_a, b_k, input_precision=PREC)
+    return b_mp + b_p * b_lamb[None, :]
+
+
+@triton.jit
+def cg_update(b_x, b_r, b_p, b_rr, b_mp):
+    """One conjugate-gradient update of every row (each row is its own system) given the
+    rows M_i p_i in b_mp; b_rr holds ||r_i||^2. Returns x, r, p and the new ||r_i||^2."""
     b_alpha = b_rr / tl.maximum(tl.sum(b_p * b_mp, axis=1), FP32_TINY)
     b_x += b_alpha[:, None] * b_p
     b_r -= b_alpha[:, None] * b_mp
@@ -114,11 +168,20 @@ def cg_step(b_x, b_r, b_p, b_rr, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
 
 
 @triton.jit
+def cg_step(b_x, b_r, b_p, b_rr, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
+            K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """One conjugate-gradient iteration of the streaming path."""
+    b_mp = matvec(b_p, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, K, BT, BK, PREC)
+    return cg_update(b_x, b_r, b_p, b_rr, b_mp)
+
+
+@triton.jit
 def cg_solve(b_b, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, b_diag, steps, tol2,
              K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_TOL: tl.constexpr, PREC: tl.constexpr):
     """x with M_i x_i = b_i for every row, from the Jacobi start b / diag(M): `steps` CG
     iterations, or fewer with HAS_TOL once every row of this block has
-    ||r||^2 <= tol2 ||b||^2 (the check the torch path makes, per block instead of globally)."""
+    ||r||^2 <= tol2 ||b||^2 (the check the torch path makes, per block instead of globally).
+    Streaming path: each mat-vec reads H0 and the keys again (see cg_solve_tiles)."""
     b_x = b_b / b_diag
     b_r = b_b - matvec(b_x, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, K, BT, BK, PREC)
     b_p = b_r
@@ -134,4 +197,28 @@ def cg_solve(b_b, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, b_diag, steps, tol2,
         for _ in range(steps):
             b_x, b_r, b_p, b_rr = cg_step(b_x, b_r, b_p, b_rr, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
                                           K, BT, BK, PREC)
+    return b_x
+
+
+@triton.jit
+def cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
+                   HAS_TOL: tl.constexpr, PREC: tl.constexpr):
+    """cg_solve on the resident path: the same start, iterations and stop, with H0^T [BK, BK]
+    and the keys [BT, BK] (fp32) loaded once by the caller and held on chip across all
+    iterations, so an iteration does no global reads."""
+    b_x = b_b / b_diag
+    b_r = b_b - matvec_tiles(b_x, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
+    b_p = b_r
+    b_rr = tl.sum(b_r * b_r, axis=1)
+    if HAS_TOL:
+        b_stop = tol2 * tl.sum(b_b * b_b, axis=1)
+        i = steps * 0
+        while (i < steps) & (tl.max(b_rr - b_stop, axis=0) > 0):
+            b_mp = matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
+            b_x, b_r, b_p, b_rr = cg_update(b_x, b_r, b_p, b_rr, b_mp)
+            i += 1
+    else:
+        for _ in range(steps):
+            b_mp = matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
+            b_x, b_r, b_p, b_rr = cg_update(b_x, b_r, b_p, b_rr, b_mp)
     return b_x

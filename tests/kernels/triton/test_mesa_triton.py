@@ -4,7 +4,9 @@ per-token reference (exact solves) in fp64 (DESIGN §8, §9).
 Every case checks o, both final states and the gradients of q, k, v, g, beta, lamb and
 both initial states; every buffer the wrappers allocate starts as NaN (conftest fixture).
 CG runs enough steps to converge (about K for well-conditioned systems), so the reference
-is the exact solve; extreme gates, betas and a small lamb get their own cases.
+is the exact solve; extreme gates, betas and a small lamb get their own cases. Both forms of
+the CG loop (TUNING["resident"]: streaming 0, resident 1) are checked against the reference,
+and against each other before convergence and with a tolerance stop.
 """
 
 from __future__ import annotations
@@ -60,11 +62,18 @@ def check(leaves, dtype, tol, **options):
     assert not bad, f"errors over {tol:g}: {bad} (all: { {n: f'{e:.1e}' for n, e in errors.items()} })"
 
 
+@pytest.fixture(params=[0, 1], ids=["streaming", "resident"])
+def resident(request, monkeypatch):
+    """Runs a test with each form of the CG loop (H0 and keys re-read per mat-vec, or on chip)."""
+    monkeypatch.setitem(triton_function.TUNING, "resident", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize(
     "B,T,H,K,V,chunk_size",
     [(2, 1, 1, 16, 32, 64), (1, 63, 2, 16, 16, 16), (1, 64, 1, 32, 16, 64), (1, 100, 1, 32, 32, 32)],
 )
-def test_matches_reference_fp32(B, T, H, K, V, chunk_size):
+def test_matches_reference_fp32(B, T, H, K, V, chunk_size, resident):
     leaves = make_inputs(B, T, H, K, V, seed=T + K)
     check(leaves, torch.float32, TOL[torch.float32], chunk_size=chunk_size, cg_steps=K + 16)
 
@@ -83,14 +92,14 @@ def test_extremes_fp32(regime):
     check(leaves, torch.float32, TOL[torch.float32], cg_steps=40)
 
 
-def test_fp16_half_chunk_rows(monkeypatch):
+def test_fp16_half_chunk_rows(monkeypatch, resident):
     """fp16 inputs (fp32 states and CG), and CG programs of half a chunk of rows each."""
     monkeypatch.setitem(triton_function.TUNING, "rows", 32)
     leaves = make_inputs(1, 80, 1, 16, 16, seed=5)
     check(leaves, torch.float16, TOL[torch.float16], cg_steps=32)
 
 
-def test_without_state_and_tolerance():
+def test_without_state_and_tolerance(resident):
     """No initial state; cg_tol stops early (a huge tol stops at the Jacobi start, exactly
     cg_steps=0), a tiny one converges to the exact solve."""
     leaves = make_inputs(1, 40, 1, 16, 16, seed=7, with_state=False)
@@ -99,6 +108,31 @@ def test_without_state_and_tolerance():
     o_zero, _ = mesa(*args, backend="triton", cg_steps=0)
     assert final is None and torch.equal(o_tol, o_zero)
     check(leaves, torch.float32, TOL[torch.float32], cg_steps=60, cg_tol=1e-7)
+
+
+@pytest.mark.parametrize("cg_steps,cg_tol", [(6, None), (20, 3e-3)], ids=["unconverged", "tol_stop"])
+def test_resident_matches_streaming(monkeypatch, cg_steps, cg_tol):
+    """The two CG forms run the same iterations: before convergence (6 steps, o still ~1e-2
+    from the exact solve) and with a tolerance that stops blocks mid-way, o, final states
+    and every gradient agree to rounding, far closer than either is to the exact solve."""
+    leaves = make_inputs(1, 70, 1, 32, 16, seed=11)
+    results = []
+    for mode in (0, 1):
+        monkeypatch.setitem(triton_function.TUNING, "resident", mode)
+        results.append(run(leaves, torch.float32, "triton", chunk_size=32, cg_steps=cg_steps, cg_tol=cg_tol))
+    errors = {name: rel_err(a, b) for name, a, b in zip(NAMES, *results)}
+    assert all(err < 1e-6 for err in errors.values()), errors
+
+
+@pytest.mark.parametrize("dtype,rows,chunk_size", [(torch.float32, 16, 32), (torch.float16, 64, 64)])
+def test_prologue_options(monkeypatch, dtype, rows, chunk_size):
+    """Segment sums by a running sum (weights_scan) and diag(M) at the CG loop's precision
+    (diag_prec="cg"), for blocks of rows starting inside a chunk (rows < chunk) and not;
+    strong gates make the segment sums span several orders of magnitude."""
+    for name, value in (("weights_scan", 1), ("diag_prec", "cg"), ("rows", rows)):
+        monkeypatch.setitem(triton_function.TUNING, name, value)
+    leaves = make_inputs(1, 75, 1, 16, 16, seed=13, g=(-3.0, -0.01))
+    check(leaves, dtype, TOL[dtype], chunk_size=chunk_size, cg_steps=32)
 
 
 def test_rejects_unsupported():
