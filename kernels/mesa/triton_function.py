@@ -24,20 +24,26 @@ from kernels.mesa.triton_solve import SolveLaunch, mesa_bwd_solve, mesa_fwd_solv
 from kernels.mesa.triton_states import mesa_bwd_states, mesa_fwd_states
 
 # Launch settings and dot precisions for 16-bit inputs; benchmarks may override entries.
+# Defaults from the H200 sweep of 2026-11-29 (results/bench/h200_mesa.json, sweep_T8192):
+# solve kernels fwd / bwd at T = 8192: 34.0 / 40.3 ms (rows 64, streaming, fp32 prologue: 572
+# and 554 spilled registers) -> 34.0 / 41.7 (resident) -> 28.4 / 29.8 (rows 32) -> 25.8 / 27.1
+# (rows 32 with both prologue options, 24 / 12 spills). Against the streaming path on the
+# GPU: q* 3.1e-5, o 8.9e-4 (bf16 rounding), adjoint y 6.9e-5 relative.
 TUNING: dict[str, object] = {
     "cg_prec": "tf32",  # tl.dot precision inside the CG loops
     "prec": "tf32",  # every other dot (states, outputs, gradients)
-    "rows": 64,  # rows (tokens) per CG program: the chunk, or half of it
+    "rows": 32,  # rows (tokens) per CG program: the chunk, or half of it (fewer registers)
     # 1: the CG programs load H0^T (fp32 K x K) and the chunk's keys once and keep them on chip
-    # for every iteration; 0: each mat-vec reads them again from global memory (~100 KB per
-    # iteration at K = 128, unless Triton hoists the reads itself). Same maths, same results.
+    # for every iteration; 0: each mat-vec reads them again from global memory (Triton 3.6
+    # hoists those reads out of a fixed-step loop itself: the same speed there, but not in the
+    # tolerance-stopped loop). Same maths, same results (bit for bit on the H200).
     "resident": 1,
     # 1: the CG programs' segment sums of gates by a running sum (tl.cumsum) instead of an
     # fp32 FMA product with a 0/1 matrix: the same terms, another order; a cheaper prologue.
-    "weights_scan": 0,
+    "weights_scan": 1,
     # "cg": diag(M), which only sets the Jacobi start, at cg_prec on tensor cores; "ieee":
-    # fp32 FMAs (a BR x BT x K product in every CG program's prologue).
-    "diag_prec": "ieee",
+    # fp32 FMAs (a BR x BT x K product in every CG program's prologue). fp32 inputs: ieee.
+    "diag_prec": "cg",
     "solve_warps": 8,
     "state_warps": 4,
     "grads_warps": 8,

@@ -111,7 +111,7 @@ def test_bf16_fused_forward(monkeypatch, gate):
     from kernels.common.triton.launch import LAUNCH
 
     for name in ("fwd_fused", "fwd_fused_vector"):
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1))
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1, min_heads_gated=1))
     tensors, h0 = make_inputs(1, 8192, 2, 128, 128, torch.bfloat16, gate, "near0", seed=77)
     errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 fused T=8192 gate={gate}")
     assert_each(errors, TOL[torch.bfloat16])

@@ -26,7 +26,13 @@ import triton.language as tl
 from kernels.common.triton.launch import LAUNCH, sequential_blocks
 from kernels.common.triton.states import _decay_rows
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import GATE_VECTOR, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import (
+    GATE_SCALAR,
+    GATE_VECTOR,
+    dot_precision,
+    new_buffer,
+    warps,
+)
 
 MAX_K = 128  # the state tile is [K, BV] in registers
 
@@ -92,9 +98,11 @@ def launch_name(gate: int) -> str:
 
 def fused_forward_applies(K: int, n_heads: int, gate: int) -> bool:
     """Whether chunk_fwd_fused runs for key width K and n_heads = B * H sequences of heads
-    under the current LAUNCH settings (enabled, K <= 128, n_heads >= min_heads)."""
+    under the current LAUNCH settings (enabled, K <= 128, n_heads >= min_heads, or
+    min_heads_gated for a scalar gate)."""
     cfg = LAUNCH[launch_name(gate)]
-    return bool(cfg["enabled"]) and K <= MAX_K and n_heads >= cfg["min_heads"]
+    least = cfg["min_heads_gated"] if gate == GATE_SCALAR else cfg["min_heads"]
+    return bool(cfg["enabled"]) and K <= MAX_K and n_heads >= least
 
 
 def chunk_fwd_fused(

@@ -67,4 +67,4 @@ def fused_forward_at_small_shapes(monkeypatch):
     from kernels.common.triton.launch import LAUNCH
 
     for name in ("fwd_fused", "fwd_fused_vector"):
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1))
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1, min_heads_gated=1))
