@@ -28,6 +28,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.timing import rel_diff, time_fwd_fwdbwd
 from kernels.delta_rule.triton_op import delta_rule_triton  # noqa: E402
 from kernels.gated_delta_rule import triton_op as gdn_op  # noqa: E402
 from kernels.gated_delta_rule.triton_tuning import TUNING  # noqa: E402
@@ -75,35 +76,9 @@ def candidates(q, k, v, g, beta, scale, skip=()):
 
 
 def time_one(fwd, leaves, do):
-    """fwd and fwd+bwd medians (ms) and peak memory of fwd+bwd above what was allocated before."""
-    for x in leaves:
-        x.requires_grad_(True)
-    row = {}
-    try:
-        row["fwd_ms"] = do_bench(fwd, warmup=25, rep=100, return_mode="median")
-    except Exception as e:  # record, keep going
-        row["fwd_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        return row
-
-    def fwd_bwd():
-        o = fwd()
-        return torch.autograd.grad(o, leaves, do.reshape(o.shape) if o.shape == do.shape else do.transpose(1, 2))
-
-    try:
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fwd_bwd()
-        torch.cuda.synchronize()
-        row["peak_extra_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-        row["fwdbwd_ms"] = do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median")
-    except Exception as e:
-        row["bwd_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    return row
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    """time_fwd_fwdbwd with `do` as the output gradient ([B, T, H, D]; SDPA's outputs are
+    [B, H, T, D], so it gets do transposed)."""
+    return time_fwd_fwdbwd(fwd, leaves, lambda outs: do if outs[0].shape == do.shape else do.transpose(1, 2))
 
 
 def cross_check(cands, do):
@@ -115,12 +90,12 @@ def cross_check(cands, do):
         (f1, leaves), (f2, _) = cands[ours], cands[theirs]
         o1 = f1()
         o2 = f2()
-        res[ours + "_vs_fla_o"] = rel(o1, o2)
+        res[ours + "_vs_fla_o"] = rel_diff(o1, o2)
         g1 = torch.autograd.grad(o1, leaves, do)
         try:
             g2 = torch.autograd.grad(f2(), leaves, do)
             for name, a, b in zip("q k v g beta".split() if len(leaves) == 5 else "q k v beta".split(), g1, g2):
-                res[f"{ours}_vs_fla_d{name}"] = rel(a, b)
+                res[f"{ours}_vs_fla_d{name}"] = rel_diff(a, b)
         except Exception as e:
             res[ours + "_vs_fla_grad"] = f"not run: {type(e).__name__}"
     return res
@@ -128,7 +103,13 @@ def cross_check(cands, do):
 
 def kernel_breakdown(q, k, v, g, beta, do, scale):
     """Median ms of each of our kernels (GDN), forward then backward."""
-    from kernels.gated_delta_rule import triton_bwd, triton_bwd_grad, triton_fwd, triton_wy, triton_wy_bwd
+    from kernels.gated_delta_rule import (
+        triton_bwd,
+        triton_bwd_grad,
+        triton_fwd,
+        triton_wy,
+        triton_wy_bwd,
+    )
 
     gam, tm, w, u0 = triton_wy.wy_fwd(k, v, beta, g)
     h, u, _ = triton_fwd.state_fwd(k, w, u0, gam, None, False)
@@ -202,7 +183,7 @@ def main():
             for name, o in over.items():
                 TUNING[name].update(o)
             # how far the variant moves the output (e.g. a tf32 solve against the fp32 one)
-            o_vs_default = rel(cands["ours_gdn"][0]().detach(), o_default)
+            o_vs_default = rel_diff(cands["ours_gdn"][0]().detach(), o_default)
             row.setdefault("variants", []).append(
                 {"tuning": over, "o_vs_default": o_vs_default, "kernels_ms": kernel_breakdown(q, k, v, g, beta, do, scale)})
             print(T, "variant", row["variants"][-1], flush=True)

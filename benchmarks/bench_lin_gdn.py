@@ -30,26 +30,19 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def make_inputs(B, T, H, D, seed=0):
-    import torch.nn.functional as F
-
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    dev, dt = "cuda", torch.bfloat16
-    q = torch.randn(B, T, H, D, device=dev, generator=gen).to(dt)
-    k = F.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1).to(dt)
-    v = torch.randn(B, T, H, D, device=dev, generator=gen).to(dt)
-    g = F.logsigmoid(4.0 + torch.randn(B, T, H, device=dev, generator=gen))
-    beta = torch.sigmoid(torch.randn(B, T, H, device=dev, generator=gen)).to(dt)
-    do = torch.randn(B, T, H, D, device=dev, generator=gen).to(dt)
-    return q, k, v, g, beta, do
+from benchmarks.bench_delta import make_inputs  # the same inputs as the GDN benchmark
+from benchmarks.timing import rel_diff, time_fwd_fwdbwd
 
 
 def candidates(q, k, v, g, beta):
     """name -> (forward returning a tuple of the outputs to differentiate, the leaves)."""
     from kernels.gated_delta_rule import gated_delta_rule
     from kernels.linearized_softmax_gdn import linearized_softmax_gdn
-    from kernels.linearized_softmax_gdn.triton_prep import LinGDNPrepFunction, PrepOptions, running_mean_torch
+    from kernels.linearized_softmax_gdn.triton_prep import (
+        LinGDNPrepFunction,
+        PrepOptions,
+        running_mean_torch,
+    )
 
     def prep_triton():
         return LinGDNPrepFunction.apply(k, v, None, None, PrepOptions(count=0))[:3]
@@ -65,46 +58,14 @@ def candidates(q, k, v, g, beta):
     }
 
 
-def time_one(fwd, leaves):
-    """fwd and fwd+bwd medians (ms) and the peak memory of fwd+bwd above what was allocated."""
-    from triton.testing import do_bench
-
-    for x in leaves:
-        x.requires_grad_(True)
-    outs = fwd()
-    cots = [torch.randn_like(o) for o in outs]  # fixed cotangents, made outside the timing
-    del outs
-
-    def fwd_bwd():
-        return torch.autograd.grad(fwd(), leaves, cots)
-
-    row = {}
-    try:
-        row["fwd_ms"] = do_bench(fwd, warmup=25, rep=100, return_mode="median")
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fwd_bwd()
-        torch.cuda.synchronize()
-        row["peak_extra_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-        row["fwdbwd_ms"] = do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median")
-    except Exception as e:  # record, keep going
-        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    return row
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 def prep_check(cands):
     """prep_triton against prep_torch (fp32 sums both): outputs and gradients of k, v."""
     (f1, leaves), (f2, _) = cands["prep_triton"], cands["prep_torch"]
     o1, o2 = f1(), f2()
-    res = {n: rel(a, b) for n, a, b in zip(("key", "value", "v_bar"), o1, o2)}
+    res = {n: rel_diff(a, b) for n, a, b in zip(("key", "value", "v_bar"), o1, o2)}
     cots = [torch.randn_like(o.float()).to(o.dtype) for o in o1]
     for n, a, b in zip(("dk", "dv"), torch.autograd.grad(o1, leaves, cots), torch.autograd.grad(o2, leaves, cots)):
-        res[n] = rel(a, b)
+        res[n] = rel_diff(a, b)
     return res
 
 
@@ -138,7 +99,7 @@ def main():
         row = {"B": B, "T": T, "H": args.H, "D": args.D, "times": {}, "ratios": {}}
         row["blocks_BT_BD"] = triton_prep.launch_blocks(B * args.H, args.D, T)
         for name, (fwd, leaves) in cands.items():
-            row["times"][name] = time_one(fwd, leaves)
+            row["times"][name] = time_fwd_fwdbwd(fwd, leaves)
             print(T, name, row["times"][name], flush=True)
         t = row["times"]
         for key in ("fwd_ms", "fwdbwd_ms"):
@@ -151,7 +112,7 @@ def main():
             triton_prep.TUNING.update(over)
             row.setdefault("prep_variants", []).append(
                 {"tuning": over, "blocks_BT_BD": triton_prep.launch_blocks(B * args.H, args.D, T),
-                 **time_one(*cands["prep_triton"])})
+                 **time_fwd_fwdbwd(*cands["prep_triton"])})
             triton_prep.TUNING.clear()
             triton_prep.TUNING.update(saved)
             print(T, "variant", row["prep_variants"][-1], flush=True)

@@ -26,15 +26,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.timing import rel_diff, time_fwd_fwdbwd
+
 TOKENS, H, D = 65536, 16, 128
 # gla_vector_strong: vector gates so negative (about -2 nats a token) that every chunk takes
 # the exact sub-chunk path instead of the factored one (kernels/gated_linear_attention/triton_vector.py)
 OPS = ("linear", "gla_scalar", "gla_vector", "gla_vector_strong")
-
-
-def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def make_inputs(T: int, op: str, seed: int = 0):
@@ -76,30 +73,21 @@ def fla_impl(op: str):
 
 
 def time_one(fn, q, k, v, g, do):
-    """(fwd ms, fwd+bwd ms or error, peak extra MiB, outputs, grads)."""
+    """(row, o, grads): fwd ms without autograd (inference), fwd+bwd ms and peak extra MiB
+    (benchmarks/timing.py), the output and the gradients of q, k, v (g) for the cross-check;
+    an error in the backward (FLA refuses some on this Triton) is recorded in the row."""
     from triton.testing import do_bench
 
     row = {}
     with torch.no_grad():
         o_fwd = fn(q, k, v, g)[0]
         row["fwd_ms"] = do_bench(lambda: fn(q, k, v, g), warmup=25, rep=100, return_mode="median")
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, g) if t is not None]
+    leaves = [t.detach().clone() for t in (q, k, v, g) if t is not None]
     args = leaves + ([None] if g is None else [])
+    row.update(time_fwd_fwdbwd(lambda: fn(*args)[0], leaves, do, time_forward=False))
     grads = None
-    try:
-        def fwd_bwd():
-            fn(*args)[0].backward(do)
-
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fwd_bwd()
-        torch.cuda.synchronize()
-        row["peak_extra_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-        grads = [t.grad.detach().clone() for t in leaves]
-        row["fwdbwd_ms"] = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
-    except Exception as exc:  # FLA refuses some backwards on this Triton: record why
-        row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+    if "bwd_error" not in row:
+        grads = [t.detach() for t in torch.autograd.grad(fn(*args)[0], leaves, do)]
     return row, o_fwd, grads
 
 
@@ -295,7 +283,7 @@ def main() -> None:
             ratio = row.get(f"ratio_{mode[:-3]}")
             cells.append(f"{o.get(mode, float('nan')):>9.3f}{f.get(mode, float('nan')):>9.3f}"
                          f"{(ratio if ratio is not None else float('nan')):>7.2f} |")
-        print("".join(cells) + (" FLA: " + f["error"][:60] if "error" in f else ""))
+        print("".join(cells) + (" FLA: " + f["bwd_error"][:60] if "bwd_error" in f else ""))
     for b in results["breakdown"]:
         print("breakdown " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in b.items()))
     for s in results["decode_step"]:

@@ -36,6 +36,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.timing import rel_diff, time_fwd_fwdbwd
 from kernels.common.chunking import split_chunks
 from kernels.mesa import triton_function as tf
 from kernels.mesa import triton_solve
@@ -79,10 +80,6 @@ def make_inputs(B, T, H, D, seed=0, lamb_lo=0.25):
     return [q, k, v, g, beta, lamb], do
 
 
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 class Tuned:
     """Temporarily apply TUNING overrides."""
 
@@ -108,29 +105,6 @@ def fla_fn(leaves):
 
     q, k, v, g, beta, lamb = leaves
     return lambda q=q: chunk_mesa_net(q, k, v, g, beta, lamb, max_CG_iteration=CG_STEPS)[0]
-
-
-def time_one(fwd, leaves, do):
-    """fwd and fwd+bwd medians (ms) and peak extra memory of fwd+bwd."""
-    for x in leaves:
-        x.requires_grad_(True)
-    row = {}
-    try:
-        row["fwd_ms"] = do_bench(fwd, warmup=25, rep=100, return_mode="median")
-
-        def fwd_bwd():
-            return torch.autograd.grad(fwd(), leaves, do)
-
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fwd_bwd()
-        torch.cuda.synchronize()
-        row["peak_extra_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-        row["fwdbwd_ms"] = do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median")
-    except Exception as e:  # noqa: BLE001 - a failed measurement is recorded, the rest still run
-        row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-    return row
 
 
 def compiled_info(name):
@@ -201,9 +175,9 @@ def sweep(T, H, D, tokens, asm_dir=None):
             if asm_dir:
                 dump_asm(asm_dir, f"variant{i}")
             first = first or (q_star, o, y)
-            rec["q_star_vs_first"] = rel(q_star, first[0])
-            rec["o_vs_first"] = rel(o, first[1])
-            rec["y_vs_first"] = rel(y, first[2])
+            rec["q_star_vs_first"] = rel_diff(q_star, first[0])
+            rec["o_vs_first"] = rel_diff(o, first[1])
+            rec["y_vs_first"] = rel_diff(y, first[2])
             rec["fwd_ms"] = do_bench(fwd, warmup=10, rep=50, return_mode="median")
             rec["bwd_ms"] = do_bench(bwd, warmup=10, rep=50, return_mode="median")
             rec["fwd_steps0_ms"] = do_bench(lambda: fwd(steps=0), warmup=10, rep=50, return_mode="median")
@@ -265,7 +239,7 @@ def residual_curves(D, counts):
         for n in counts:
             q_star, _ = mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, n, None, 64, "tf32", "tf32",
                                        launch_of())
-            ours[n] = rel(split_chunks(q_star, 64), exact)
+            ours[n] = rel_diff(split_chunks(q_star, 64), exact)
         torch_curve = cg_residual_curve(q, k.float(), g, beta, lamb, counts, scale=scale, chunk_size=64)
         out[name] = {"ours_triton_tf32": ours, "torch_fp32": torch_curve}
         print("curve", name, out[name], flush=True)
@@ -290,7 +264,7 @@ def accuracy(over, D):
                               cg_steps=CG_STEPS)
     want = [o_r, *fin_r, *torch.autograd.grad((o_r, *fin_r), ref, [c.double() for c in cots])]
     names = ["o", "h_kk", "h_kv", "dq", "dk", "dv", "dg", "dbeta", "dlamb", "dh_kk0", "dh_kv0"]
-    return {n: rel(a, b) for n, a, b in zip(names, got, want)}
+    return {n: rel_diff(a, b) for n, a, b in zip(names, got, want)}
 
 
 def main():
@@ -365,7 +339,7 @@ def main():
                 cands["ours_fast"] = ours_fn(leaves, scale)
             for name, fn in cands.items():
                 with Tuned(fast if name == "ours_fast" else {}):
-                    row["times"][name] = time_one(fn, leaves, do)
+                    row["times"][name] = time_fwd_fwdbwd(fn, leaves, do)
                 print(T, name, row["times"][name], flush=True)
                 save()
             t = row["times"]
@@ -376,7 +350,7 @@ def main():
             if "fla" in cands:
                 try:
                     with torch.no_grad():
-                        row["o_rel_diff_vs_fla"] = rel(cands["ours"](), cands["fla"](leaves[0] * scale))
+                        row["o_rel_diff_vs_fla"] = rel_diff(cands["ours"](), cands["fla"](leaves[0] * scale))
                 except Exception as e:  # noqa: BLE001 - comparison only
                     row["o_rel_diff_vs_fla"] = f"{type(e).__name__}: {str(e)[:200]}"
             row["kernels_ms"] = kernel_breakdown(leaves, do, scale)

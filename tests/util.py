@@ -38,3 +38,21 @@ GPU_ONLY = [
         reason="TRITON_INTERPRET is set in this session; run tests/gpu on its own",
     ),
 ]
+
+
+def record_gpu_errors(case: str, errors: dict[str, float]) -> None:
+    """Print a GPU test case's errors and, when GPU_ERRORS_JSON names a file, merge them into
+    it under `case` (the device scripts collect the figures of a run this way)."""
+    import json
+
+    print(case, {n: f"{e:.2e}" for n, e in errors.items()})
+    path = os.environ.get("GPU_ERRORS_JSON")
+    if not path:
+        return
+    old = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+    old[case] = errors
+    with open(path, "w") as f:
+        json.dump(old, f, indent=1)

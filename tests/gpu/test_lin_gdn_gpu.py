@@ -13,33 +13,17 @@ written there.
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.util import GPU_ONLY, TOL, rel_err
+from tests.util import GPU_ONLY, TOL, record_gpu_errors, rel_err
 
 pytestmark = GPU_ONLY
 
 pytest.importorskip("triton")
 
 B, T, H, D = 1, 8192, 2, 128
-
-
-def record(case: str, errors: dict) -> None:
-    print(case, {n: f"{e:.2e}" for n, e in errors.items()})
-    path = os.environ.get("GPU_ERRORS_JSON")
-    if path:
-        old = {}
-        if os.path.exists(path):
-            with open(path) as f:
-                old = json.load(f)
-        old[case] = errors
-        with open(path, "w") as f:
-            json.dump(old, f, indent=1)
 
 
 def make_leaves(count: int, seed: int) -> list[torch.Tensor]:
@@ -83,7 +67,7 @@ def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count):
               "v_sum": rel_err(s.v_sum, s_ref.v_sum)}
     for n, a, b in zip(("dq", "dk", "dv", "dh0", "dk_sum0", "dv_sum0"), grads, grads_ref):
         errors[n] = rel_err(a, b)
-    record(f"lin_gdn_bf16_T{T}_count{count}", errors)
+    record_gpu_errors(f"lin_gdn_bf16_T{T}_count{count}", errors)
     assert o.dtype == torch.bfloat16 and s.count == count + T
     bad = {n: e for n, e in errors.items() if not e < TOL[torch.bfloat16]}
     assert not bad, f"errors over {TOL[torch.bfloat16]}: {bad} (all: {errors})"
@@ -92,7 +76,11 @@ def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count):
 def test_lin_gdn_prep_bf16_T8192_matches_torch():
     """The preprocessing alone, from a state (count 37), every output and input gradient."""
     from kernels.common.triton import utils
-    from kernels.linearized_softmax_gdn.triton_prep import LinGDNPrepFunction, PrepOptions, running_mean_torch
+    from kernels.linearized_softmax_gdn.triton_prep import (
+        LinGDNPrepFunction,
+        PrepOptions,
+        running_mean_torch,
+    )
 
     count = 37
     leaves = make_leaves(count, seed=3)
@@ -111,6 +99,6 @@ def test_lin_gdn_prep_bf16_T8192_matches_torch():
     grads_ref = torch.autograd.grad(out_ref, ref, [c.double() for c in cots])
     names = ("key", "value", "v_bar", "k_sum", "v_sum", "dk", "dv", "dk_sum0", "dv_sum0")
     errors = {n: rel_err(a, b) for n, a, b in zip(names, (*out, *grads), (*out_ref, *grads_ref))}
-    record(f"lin_gdn_prep_bf16_T{T}", errors)
+    record_gpu_errors(f"lin_gdn_prep_bf16_T{T}", errors)
     bad = {n: e for n, e in errors.items() if not e < TOL[torch.bfloat16]}
     assert not bad, f"errors over {TOL[torch.bfloat16]}: {bad} (all: {errors})"

@@ -13,14 +13,12 @@ GPU_ERRORS_JSON names a file, written there.
 from __future__ import annotations
 
 import functools
-import json
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.util import GPU_ONLY, TOL, rel_err
+from tests.util import GPU_ONLY, TOL, record_gpu_errors, rel_err
 
 pytestmark = GPU_ONLY
 
@@ -105,16 +103,7 @@ def errors_of(case: str) -> dict:
         utils.DEBUG.poison = False
     want, _ = _outputs_and_grads(run_ref, ref, cotangents)
     errors = {name: rel_err(a, b) for name, a, b in zip(QUANTITIES, got, want)}
-    print(case, {n: f"{e:.2e}" for n, e in errors.items()})
-    path = os.environ.get("GPU_ERRORS_JSON")
-    if path:
-        old = {}
-        if os.path.exists(path):
-            with open(path) as f:
-                old = json.load(f)
-        old[case] = errors
-        with open(path, "w") as f:
-            json.dump(old, f, indent=1)
+    record_gpu_errors(case, errors)
     return errors
 
 
