@@ -8,8 +8,12 @@
 #
 # Triton's cache (compiled kernels and, with TRITON_CACHE_AUTOTUNING, FLA's autotuning
 # results) lives in .triton_cache/ in the repo, which a warm device machine keeps between
-# calls, and goes back as $OUT/triton_cache.tgz when small enough. TESTS_S / LIN_GDN_S / TUNE_S /
-# ROWS_S: stage limits (s); TESTS: the GPU test files; ROWS_OPS / TUNE_T: ops and lengths.
+# calls. It also goes back as $OUT/triton_cache.tgz.part-aa, -ab, ... (15 MB pieces: a call
+# returns files of 16 MB at most); copy them into .triton_cache_parts/ (ignored by git) and
+# carry that folder to start a later call, on a fresh machine, with FLA's kernels compiled:
+#   carry=[".whl", ".triton_cache_parts"]
+# TESTS_S / LIN_GDN_S / TUNE_S / ROWS_S: stage limits (s); TESTS: the GPU test files;
+# ROWS_OPS / TUNE_T: ops and lengths.
 # VARIANTS: JSON list of LAUNCH overrides (kernels/common/triton/launch.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +24,10 @@ export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUT
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/env.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >>"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-trap 'tar czf "$OUT/triton_cache.tgz" .triton_cache 2>/dev/null; ls -la "$OUT"' EXIT
+if ls .triton_cache_parts/triton_cache.tgz.part-* >/dev/null 2>&1; then
+    cat .triton_cache_parts/triton_cache.tgz.part-* | tar xzf - && echo "Triton cache restored: $(du -sh .triton_cache | cut -f1)"
+fi
+trap 'tar czf - .triton_cache 2>/dev/null | split -b 15m - "$OUT/triton_cache.tgz.part-"; ls -la "$OUT"' EXIT
 
 TESTS=${TESTS:-tests/gpu/test_linear_gla_gpu.py tests/gpu/test_step_gpu.py}
 if [ "${TESTS_S:-150}" -gt 0 ]; then
