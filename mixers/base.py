@@ -85,6 +85,8 @@ class Mixer(nn.Module):
     Config: ClassVar[type[MixerConfig]] = MixerConfig
     registry_name: ClassVar[str] = ""
     op_name: ClassVar[str] = ""
+    # True where the op's one-token *_step takes backend= (a fused Triton step exists)
+    has_fused_step: ClassVar[bool] = False
 
     def __init__(self, d_model: int, config: MixerConfig):
         super().__init__()
@@ -111,6 +113,17 @@ class Mixer(nn.Module):
         "reference" or "torch", else "auto" (the fused Triton step on CUDA when no gradient
         is recorded; kernels.common.dispatch.resolve_step_backend)."""
         return "torch" if self.config.backend in ("reference", "torch") else "auto"
+
+    def decode_backend(self, device: torch.device, dtype: torch.dtype) -> str:
+        """The backend a decode step without autograd runs on for inputs on device/dtype:
+        "triton" (the fused step) or "torch" (for the record; decoding never records gradients)."""
+        if not self.has_fused_step:
+            return "torch"
+        from kernels.common.dispatch import resolve_step_backend
+
+        with torch.no_grad():
+            probe = torch.empty(0, device=device, dtype=dtype)
+            return resolve_step_backend(self.op_name + "_step", self.step_backend(), [probe])
 
     def state_size(self, seq_len: int) -> int:
         """Floats kept per sequence to decode the next token after `seq_len` tokens."""

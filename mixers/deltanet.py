@@ -15,6 +15,7 @@ class DeltaNet(ProjectedMixer):
     """h_t = (I - beta_t k_t k_t^T) h_{t-1} + beta_t k_t v_t^T with l2-normalised q, k."""
 
     op_name = "delta_rule"
+    has_fused_step = True
     l2norm_qk = True
 
     def __init__(self, d_model, config):

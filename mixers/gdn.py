@@ -52,6 +52,7 @@ class GatedDeltaNet(ProjectedMixer):
 
     Config = DecayConfig
     op_name = "gated_delta_rule"
+    has_fused_step = True
     l2norm_qk = True
 
     def __init__(self, d_model, config):

@@ -25,6 +25,7 @@ class GLAConfig(MixerConfig):
 class GatedLinearAttention(ProjectedMixer):
     Config = GLAConfig
     op_name = "gated_linear_attention"
+    has_fused_step = True
 
     def __init__(self, d_model, config):
         super().__init__(d_model, config)

@@ -26,6 +26,7 @@ class LinearAttention(ProjectedMixer):
 
     Config = LinearConfig
     op_name = "linear_attention"
+    has_fused_step = True
     output_gate = False
 
     def feature_map(self, q, k):

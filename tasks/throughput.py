@@ -150,6 +150,7 @@ class Throughput(Task):
         artifacts += plot_decode(points, crossovers, ctx.artifact_dir, ctx.mixer)
         details = {
             "points": points, "crossovers": crossovers,
+            "decode_backend": mixer.decode_backend(device, dtype),
             "baselines": {"softmax": f"softmax mixer, op backend {softmax.backend_used}",
                           **{n: (why or "ok") for n, why in skipped.items()}},
             "shapes": {"num_heads": cfg.num_heads, "head_dim": cfg.head_dim, "d_model": d_model, "dtype": cfg.dtype},

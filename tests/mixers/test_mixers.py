@@ -76,3 +76,14 @@ def test_bad_options():
         build_mixer("gdn", D, {"num_heads": 0})
     with pytest.raises(ValueError, match="extra|not permitted"):
         build_mixer("gdn", D, {"nonsense": 1})
+
+
+@pytest.mark.parametrize("name", mixer_names())
+def test_decode_backend_is_named(name):
+    """Which step a decode runs is known before it runs, for the record: the fused Triton
+    step only for the four ops that have one, on CUDA, unless the mixer is pinned to torch."""
+    mixer = build_mixer(name, 16, {"num_heads": 2})
+    assert mixer.decode_backend(torch.device("cpu"), torch.float32) == "torch"
+    assert mixer.has_fused_step == (name in ("linear", "gla", "deltanet", "gdn"))
+    pinned = build_mixer(name, 16, {"num_heads": 2, "backend": "torch"})
+    assert pinned.step_backend() == "torch"
