@@ -11,7 +11,9 @@ chunks in order; per chunk it
 So outputs and states equal the two-kernel path's. The price is recomputing A once per
 V-block and fewer programs (B * H * V-blocks): with few sequences the chunks of one
 program run one after another. launch.LAUNCH["fwd_fused"] (and "fwd_fused_vector") say
-when it is used.
+when it is used. With "segment_programs" > 0 a sequence is also cut into segments of
+chunks that run in parallel, each from its entering state (segments.py: two cheap passes
+first), until about that many programs run; 0 keeps one segment.
 
 The whole K must fit one tile (K <= 128 here); a vector gate brings its intra-chunk
 matrix A precomputed (kernels/gated_linear_attention/triton_vector.py), as in output.py.
@@ -23,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.launch import LAUNCH, sequential_blocks
+from kernels.common.triton.launch import LAUNCH, sequential_blocks, tile
+from kernels.common.triton.segments import segment_entry_states
 from kernels.common.triton.states import _decay_rows
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import (
@@ -39,21 +42,23 @@ MAX_K = 128  # the state tile is [K, BV] in registers
 
 @triton.jit
 def chunk_fwd_fused_kernel(
-    q, k, v, gamma, A, h0, h, ht, o, scale, T, NT,
+    q, k, v, gamma, A, h_in, h, ht, o, scale, T, NT, CPS, S,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_IN: tl.constexpr, STORE_HT: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    # program (V-block, head, segment): chunks i_s * CPS .. of one head, from the state
+    # entering the segment, h_in[(i_bh * S + i_s)] (h0 itself when S = 1)
+    i_v, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     seq = i_b.to(tl.int64) * T * H + i_h
     o_i = tl.arange(0, BT)
     m_causal = o_i[:, None] >= o_i[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_H0:
-        b_h += load_tile(h0 + i_bh.to(tl.int64) * K * V, 0, i_v * BV, K, V, V, BK, BV)
-    for i_t in range(NT):
+    if HAS_IN:
+        b_h += load_tile(h_in + (i_bh * S + i_s).to(tl.int64) * K * V, 0, i_v * BV, K, V, V, BK, BV)
+    for i_t in range(i_s * CPS, tl.minimum((i_s + 1) * CPS, NT)):
         t0 = i_t * BT
         m_t = t0 + o_i < T
         p_state = h + (i_bh * NT + i_t).to(tl.int64) * K * V
@@ -87,8 +92,9 @@ def chunk_fwd_fused_kernel(
             b_kt, b_decay = _decay_rows(b_kt, gamma, seq, t0, T, H, K, BT, BK, 0, GATE, True)
             b_h *= b_decay[:, None]
         b_h += tl.dot(b_kt, b_v, input_precision=DOT_PREC)
-    if STORE_HT:
-        store_tile(ht + i_bh.to(tl.int64) * K * V, b_h, 0, i_v * BV, K, V, V, BK, BV)
+    if STORE_HT:  # noqa: SIM102 - a compile-time test outside, a per-program one inside
+        if i_s == S - 1:
+            store_tile(ht + i_bh.to(tl.int64) * K * V, b_h, 0, i_v * BV, K, V, V, BK, BV)
 
 
 def launch_name(gate: int) -> str:
@@ -102,7 +108,16 @@ def fused_forward_applies(K: int, n_heads: int, gate: int) -> bool:
     min_heads_gated for a scalar gate)."""
     cfg = LAUNCH[launch_name(gate)]
     least = cfg["min_heads_gated"] if gate == GATE_SCALAR else cfg["min_heads"]
-    return bool(cfg["enabled"]) and K <= MAX_K and n_heads >= least
+    return bool(cfg["enabled"]) and K <= MAX_K and (n_heads >= least or cfg["segment_programs"] > 0)
+
+
+def chunks_per_segment(NT: int, programs: int, target: int) -> int:
+    """Chunks per segment so that programs x segments reaches `target` programs (0: one
+    segment, the whole sequence)."""
+    if target <= programs or NT == 1:
+        return NT
+    segments = min(NT, triton.cdiv(target, programs))
+    return triton.cdiv(NT, segments)
 
 
 def chunk_fwd_fused(
@@ -126,17 +141,26 @@ def chunk_fwd_fused(
         raise ValueError("chunk_fwd_fused: a vector gate needs its intra-chunk matrix A")
     NT = triton.cdiv(T, chunk_size)
     name = launch_name(gate)
-    _, BV = sequential_blocks(name, K, V, B * H, k.device)
-    BK = max(16, triton.next_power_of_2(K))
     cfg = LAUNCH[name]
+    BK = max(16, triton.next_power_of_2(K))
+    if cfg["segment_programs"] > 0:  # segments bring the parallelism: keep the widest V-block
+        BV = tile(V, cfg["BV"])
+    else:
+        _, BV = sequential_blocks(name, K, V, B * H, k.device)
+    CPS = chunks_per_segment(NT, B * H * triton.cdiv(V, BV), cfg["segment_programs"])
+    S = triton.cdiv(NT, CPS)
+    h_in = h0
+    if S > 1:  # the state entering each segment (segments.py)
+        h_in = segment_entry_states(k, v, gamma, gate, h0, chunk_size, CPS, BV, dot_precision(q.dtype),
+                                    cfg["num_warps"])
     o = new_buffer((B, T, H, V), v.dtype, v.device)
     h = new_buffer((B, H, NT, K, V), k.dtype, k.device)
     ht = new_buffer((B, H, K, V), torch.float32, k.device) if output_final_state else None
-    grid = (triton.cdiv(V, BV), B * H)
+    grid = (triton.cdiv(V, BV), B * H, S)
     chunk_fwd_fused_kernel[grid](
-        q, k, v, gamma if gamma is not None else q, A if A is not None else q, h0 if h0 is not None else h,
-        h, ht if ht is not None else h, o, scale, T, NT, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
-        GATE=gate, HAS_A=A is not None, HAS_H0=h0 is not None, STORE_HT=output_final_state,
+        q, k, v, gamma if gamma is not None else q, A if A is not None else q, h_in if h_in is not None else h,
+        h, ht if ht is not None else h, o, scale, T, NT, CPS, S, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
+        GATE=gate, HAS_A=A is not None, HAS_IN=h_in is not None, STORE_HT=output_final_state,
         DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
     return o, h, ht

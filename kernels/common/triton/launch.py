@@ -24,12 +24,14 @@ LAUNCH: dict[str, dict[str, int]] = {
     # 0.78 at 32 (T = 32768), where the fused chunks run one after another in too few programs.
     # Gated, the fused pass lost already at 128 (scalar gate, T = 8192: 0.90 ms op forward vs
     # 0.76 for the two kernels), so gates need 256
-    "fwd_fused": {"enabled": 1, "min_heads": 64, "min_heads_gated": 256, "BK": 128, "BV": 64, "min_BV": 16,
-                  "min_waves": 2, "num_warps": 4, "num_stages": 2},
+    # segment_programs > 0: cut long sequences into segments run in parallel (fused_forward.py)
+    # until about that many programs run, at any B * H; 0 (default): not measured on a GPU yet
+    "fwd_fused": {"enabled": 1, "min_heads": 64, "min_heads_gated": 256, "segment_programs": 0, "BK": 128,
+                  "BV": 64, "min_BV": 16, "min_waves": 2, "num_warps": 4, "num_stages": 2},
     # a vector gate: BV 128 and 8 warps, 0.80 ms at T = 2048 (1.02 at BV 64 / 4 warps); at
     # T = 8192 (128) the op forward took 2.66 ms fused against 1.96 at T = 32768 unfused
-    "fwd_fused_vector": {"enabled": 1, "min_heads": 256, "BK": 128, "BV": 128, "min_BV": 16, "min_waves": 2,
-                         "num_warps": 8, "num_stages": 2},
+    "fwd_fused_vector": {"enabled": 1, "min_heads": 256, "segment_programs": 0, "BK": 128, "BV": 128,
+                         "min_BV": 16, "min_waves": 2, "num_warps": 8, "num_stages": 2},
     # H200, T = 32768 (B = 2), linear: 0.571 ms at BK 64 / BV down to 16 / 2 stages -> 0.376 here;
     # the same at T = 2048: 0.318 -> 0.300 (results/bench/h200_linear_gla_tune.json)
     "fwd_states": {"BK": 128, "BV": 64, "min_BV": 32, "min_waves": 2, "num_warps": 4, "num_stages": 3},

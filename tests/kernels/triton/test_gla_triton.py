@@ -138,3 +138,29 @@ def test_fused_forward_equals_two_kernels(gate):
     o2 = chunk_fwd_output(q, k, v, h2, gamma, mode, A, 0.2, 64)
     assert torch.equal(h, h2) and torch.equal(ht, ht2)
     assert rel_err(o, o2) < 1e-3  # bf16 outputs of the same fp32 sums, in another order
+
+
+@pytest.mark.parametrize("target", [6, 10**6], ids=["3_segments", "1_chunk_each"])
+@pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
+def test_segmented_fused_forward_matches_reference(compare, monkeypatch, gate, target):
+    """The fused forward cut into segments run in parallel (segments.py), from an initial
+    state, with the final state and every gradient: T = 300 is 5 chunks, cut into 3 segments
+    (2 + 2 + 1 chunks) or into 5."""
+    from kernels.common.triton.launch import LAUNCH
+    from kernels.linear_attention import linear_attention
+
+    for name in ("fwd_fused", "fwd_fused_vector"):
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], segment_programs=target))
+    tensors, h0 = make_inputs(1, 300, 2, 16, 16, torch.float32, gate == "vector", seed=31)
+    if gate == "none":
+        del tensors["g"]
+    compare(linear_attention if gate == "none" else gated_linear_attention, tensors, h0, TOL[torch.float32])
+
+
+def test_segments_split_the_chunks():
+    from kernels.common.triton.fused_forward import chunks_per_segment
+
+    assert chunks_per_segment(5, 2, 6) == 2  # 3 segments: 2 + 2 + 1 chunks
+    assert chunks_per_segment(5, 2, 10**6) == 1
+    assert chunks_per_segment(5, 8, 6) == 5  # enough programs already: one segment
+    assert chunks_per_segment(512, 128, 1024) == 64  # 8 segments of a 32k sequence
