@@ -112,7 +112,7 @@ def kernel_breakdown(q, k, v, g, beta, do, scale):
     )
 
     gam, tm, w, u0 = triton_wy.wy_fwd(k, v, beta, g)
-    h, u, _ = triton_fwd.state_fwd(k, w, u0, gam, None, False)
+    h, u, _, _ = triton_fwd.state_fwd(k, w, u0, gam, None, False)
     du = triton_bwd.du_local(q, k, do, gam, scale)
     dh, _ = triton_bwd.state_bwd(q, k, w, do, du.clone(), gam, None, scale, False)
     dq, dkp, dw, dgp = triton_bwd_grad.dqkw(q, k, u, h, dh, do, du, gam, scale)
@@ -120,6 +120,8 @@ def kernel_breakdown(q, k, v, g, beta, do, scale):
         "wy_fwd": lambda: triton_wy.wy_fwd(k, v, beta, g),
         "state_fwd": lambda: triton_fwd.state_fwd(k, w, u0, gam, None, False),
         "output_fwd": lambda: triton_fwd.output_fwd(q, k, u, h, gam, scale),
+        # the two above in one pass (TUNING["fused_fwd"]), to compare with their sum
+        "state_output_fused": lambda: triton_fwd.state_fwd(k, w, u0, gam, None, False, q, scale),
         "du_local": lambda: triton_bwd.du_local(q, k, do, gam, scale),
         "state_bwd": lambda: triton_bwd.state_bwd(q, k, w, do, du.clone(), gam, None, scale, False),
         "dqkw": lambda: triton_bwd_grad.dqkw(q, k, u, h, dh, do, du, gam, scale),

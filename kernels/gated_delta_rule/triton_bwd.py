@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.utils import new_buffer, warps
-from kernels.gated_delta_rule.triton_tiles import anticausal_decay, load_gamma, load_tile, load_tile_t, load_vec, store_tile
+from kernels.gated_delta_rule.triton_tiles import anticausal_decay, load_gamma, load_tile, load_tile_t, store_tile
 from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, full_width, pow2, seq_block_v
 
 

@@ -6,6 +6,10 @@
               with Kd = K ⊙ e^{gamma_C - gamma}.
   output_fwd  grid (V-blocks, chunks, heads), in parallel:
                   O = diag(e^gamma) Q S_n + (Q K^T ⊙ Gamma) U,  Gamma lower, diagonal included.
+  state_fwd with the output fused (TUNING["fused_fwd"]): the state pass also writes O for
+              each chunk as it goes, from S_n and U rounded to the stored dtype exactly as
+              output_fwd reads them back (same results), saving output_fwd's reads of h, q,
+              k and U at the price of fewer programs: for many sequences of heads.
 
 Layouts: q, k, w: [B, T, H, K]; u0, u, o: [B, T, H, V]; gamma: [B, T, H] fp32 (chunk-local
 cumulative log-gate, from wy_fwd); per-chunk states h: [B, H, NT, K, V] in the input dtype;
@@ -19,15 +23,16 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.utils import new_buffer, warps
-from kernels.gated_delta_rule.triton_tiles import causal_decay, load_gamma, load_tile, load_tile_t, load_vec, store_tile
+from kernels.gated_delta_rule.triton_tiles import causal_decay, load_gamma, load_tile, load_tile_t, store_tile
 from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, full_width, pow2, seq_block_v
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def state_fwd_kernel(
-    k, w, u0, u, gam, h, h0, ht, T, NT, H,
+    k, w, u0, u, gam, h, h0, ht, q, o, scale, T, NT, H,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
+    FUSE_OUTPUT: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -45,10 +50,20 @@ def state_fwd_kernel(
         b_u -= tl.dot(b_w, b_s.to(dt), input_precision=PREC)
         store_tile(u + seq * V, b_u, t0, T, H * V, v0, V, 64, BV)
         b_kt = load_tile_t(k + seq * K, t0, T, H * K, 0, K, BK, 64)
+        b_g = tl.zeros([64], dtype=tl.float32)
+        if USE_G:
+            b_g = load_gamma(gam + seq, t0, T, H, 64)
+        if FUSE_OUTPUT:  # output_fwd's arithmetic on the values it would read back
+            b_q = load_tile(q + seq * K, t0, T, H * K, 0, K, 64, BK)
+            b_o = tl.dot(b_q, b_s.to(h.dtype.element_ty).to(dt), input_precision=PREC)
+            if USE_G:
+                b_o *= tl.exp(b_g)[:, None]
+            b_a = causal_decay(tl.dot(b_q, b_kt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
+            b_o = b_o * scale + tl.dot(b_a.to(dt), b_u.to(u.dtype.element_ty).to(dt), input_precision=PREC)
+            store_tile(o + seq * V, b_o, t0, T, H * V, v0, V, 64, BV)
         if USE_G:
             last = tl.minimum(t0 + 64, T) - 1
             b_glast = tl.load(gam + seq + last * H)
-            b_g = load_gamma(gam + seq, t0, T, H, 64)
             b_s *= tl.exp(b_glast)
             # padded rows have U = 0, so their (finite) factor is irrelevant
             b_u *= tl.exp(b_glast - b_g)[:, None]
@@ -86,12 +101,21 @@ def output_fwd_kernel(
     store_tile(o + seq * V, b_o, t0, T, H * V, v0, V, 64, BV)
 
 
+def fused_output_applies(n_heads: int) -> bool:
+    """Whether the forward runs state_fwd with the output fused for n_heads = B * H."""
+    cfg = TUNING["fused_fwd"]
+    return bool(cfg["enabled"]) and n_heads >= cfg["min_heads"]
+
+
 def state_fwd(
     k: torch.Tensor, w: torch.Tensor, u0: torch.Tensor, gam: torch.Tensor | None,
     h0: torch.Tensor | None, output_final_state: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    q: torch.Tensor | None = None, scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Returns (h [B, H, NT, K, V] states entering each chunk, U [B, T, H, V], final state
-    [B, H, K, V] fp32 or None). h0: [B, H, K, V] fp32 contiguous or None."""
+    [B, H, K, V] fp32 or None, O [B, T, H, V] or None). h0: [B, H, K, V] fp32 contiguous or
+    None. With q ([B, T, H, K]) the output O = output_fwd(q, k, U, h, gam, scale) is
+    computed in the same pass."""
     B, T, H, K = k.shape
     V = u0.shape[-1]
     NT = triton.cdiv(T, CHUNK)
@@ -99,16 +123,17 @@ def state_fwd(
     h = new_buffer((B, H, NT, K, V), dt, dev)
     u = new_buffer((B, T, H, V), dt, dev)
     ht = new_buffer((B, H, K, V), torch.float32, dev) if output_final_state else None
-    cfg = TUNING["state_fwd"]
+    o = new_buffer((B, T, H, V), dt, dev) if q is not None else None
+    cfg = TUNING["fused_fwd" if q is not None else "state_fwd"]
     BV = seq_block_v(V, B * H, dev, cfg["BV"])
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u, gam if gam is not None else k, h, h0 if h0 is not None else k,
-        ht if ht is not None else k, T, NT,
+        ht if ht is not None else k, q if q is not None else k, o if o is not None else u, scale, T, NT,
         H=H, K=K, V=V, BK=full_width(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
-        STORE_HT=output_final_state, PREC=dot_prec(dt),
+        STORE_HT=output_final_state, PREC=dot_prec(dt), FUSE_OUTPUT=q is not None,
         num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
-    return h, u, ht
+    return h, u, ht, o
 
 
 def output_fwd(

@@ -26,7 +26,7 @@ import torch
 
 from kernels.gated_delta_rule.triton_bwd import du_local, state_bwd
 from kernels.gated_delta_rule.triton_bwd_grad import dqkw
-from kernels.gated_delta_rule.triton_fwd import output_fwd, state_fwd
+from kernels.gated_delta_rule.triton_fwd import fused_output_applies, output_fwd, state_fwd
 from kernels.gated_delta_rule.triton_tuning import CHUNK
 from kernels.gated_delta_rule.triton_wy import wy_fwd
 from kernels.gated_delta_rule.triton_wy_bwd import wy_bwd
@@ -50,9 +50,11 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions):
         h0 = initial_state.float().contiguous() if initial_state is not None else None
         gam, tm, w, u0 = wy_fwd(k, v, beta, g)
-        h, u, ht = state_fwd(k, w, u0, gam, h0, opts.output_final_state)
+        fused = fused_output_applies(q.shape[0] * q.shape[2])
+        h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale)
         del u0
-        o = output_fwd(q, k, u, h, gam, opts.scale)
+        if not fused:
+            o = output_fwd(q, k, u, h, gam, opts.scale)
         ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h)
         ctx.opts = opts
         ctx.g_dtype = g.dtype if g is not None else None

@@ -27,6 +27,9 @@ TUNING: dict[str, dict[str, int]] = {
     # rounding is 4e-3).
     "wy_fwd": {"BK": 64, "BV": 64, "num_warps": 2, "num_stages": 2, "tf32_solve": 1},
     "state_fwd": {"BV": 64, "num_warps": 4, "num_stages": 2},
+    # state_fwd with the output fused (triton_fwd.py), from min_heads = B * H on; off until
+    # timed on a GPU (the linear-attention analogue won at B * H >= 64 on the H200)
+    "fused_fwd": {"enabled": 0, "min_heads": 64, "BV": 64, "num_warps": 4, "num_stages": 2},
     "output_fwd": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2},
     "du_local": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 2},
     "state_bwd": {"BV": 64, "num_warps": 4, "num_stages": 2},

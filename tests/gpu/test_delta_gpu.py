@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.util import GPU_ONLY, TOL, rel_err
+from tests.util import GPU_ONLY, TOL, record_gpu_errors, rel_err
 
 pytestmark = GPU_ONLY
 
@@ -85,13 +85,20 @@ def errors_of(case: str) -> dict:
     errors = {"o": rel_err(o, o_ref), "final_state": rel_err(ht, ht_ref)}
     for n, grad, grad_ref in zip(ours, grads, grads_ref):
         errors["d" + n] = rel_err(grad, grad_ref)
-    print(case, {n: f"{e:.2e}" for n, e in errors.items()})
-    path = os.environ.get("GPU_ERRORS_JSON")
-    if path:
-        old = json.load(open(path)) if os.path.exists(path) else {}
-        old[case] = errors
-        json.dump(old, open(path, "w"), indent=1)
+    record_gpu_errors(case, errors)
     return errors
+
+
+@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_fp16_T75_K64_V256"])
+def test_fused_state_output(monkeypatch, case):
+    """The forward with the output fused into the state pass (TUNING["fused_fwd"], off by
+    default until timed), forced on: every output and gradient against fp64."""
+    from kernels.gated_delta_rule.triton_tuning import TUNING
+
+    monkeypatch.setitem(TUNING, "fused_fwd", dict(TUNING["fused_fwd"], enabled=1, min_heads=1))
+    errors = errors_of.__wrapped__(case)  # not the cached two-kernel figures
+    tol = TOL[CASES[case][6]]
+    assert all(e < tol for e in errors.values()), f"{case} fused: {errors}"
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -110,3 +110,30 @@ def test_fp64_inputs_computed_in_fp32():
     o_ref, ht_ref = gated_delta_rule(**tensors, initial_state=h0.double(), output_final_state=True, backend="reference")
     assert o.dtype == torch.float64 and ht.dtype == torch.float64
     assert rel_err(o, o_ref) < TOL[torch.float32] and rel_err(ht, ht_ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
+@pytest.mark.parametrize("T", [1, 100])
+def test_fused_state_output_matches_reference(compare, monkeypatch, gated, T):
+    """The forward with the output fused into the state pass (TUNING["fused_fwd"], off by
+    default until timed on a GPU) forced on: outputs, final states and every gradient."""
+    from kernels.gated_delta_rule.triton_tuning import TUNING
+
+    monkeypatch.setitem(TUNING, "fused_fwd", dict(TUNING["fused_fwd"], enabled=1, min_heads=1))
+    tensors, h0 = make_inputs(1, T, 2, 32, 16, torch.float32, seed=40 + T, gated=gated)
+    compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[torch.float32])
+
+
+def test_fused_state_output_equals_two_kernels():
+    """Bit for bit where it can be: the same states and U; outputs up to summation order."""
+    from kernels.gated_delta_rule import triton_fwd, triton_wy
+
+    tensors, h0 = make_inputs(2, 130, 1, 32, 32, torch.float16, seed=44)  # no bf16 dots in the interpreter
+    q, k, v = (tensors[n].contiguous() for n in ("q", "k", "v"))
+    gam, _, w, u0 = triton_wy.wy_fwd(k, v, tensors["beta"].contiguous(), tensors["g"].contiguous())
+    h, u, ht, o = triton_fwd.state_fwd(k, w, u0, gam, h0, True, q, 0.3)
+    h2, u2, ht2, none = triton_fwd.state_fwd(k, w, u0, gam, h0, True)
+    o2 = triton_fwd.output_fwd(q, k, u2, h2, gam, 0.3)
+    assert none is None
+    assert torch.equal(h, h2) and torch.equal(u, u2) and torch.equal(ht, ht2)
+    assert rel_err(o, o2) < 1e-3
