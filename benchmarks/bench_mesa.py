@@ -49,7 +49,7 @@ from kernels.mesa.triton_states import mesa_fwd_states
 
 CG_STEPS = 30
 # the TUNING entries a sweep variant sets (a variant leaving one out takes TUNING's)
-SWEEP_KEYS = ("resident", "rows", "solve_warps", "weights_scan", "diag_prec")
+SWEEP_KEYS = ("resident", "rows", "solve_warps", "weights_scan", "diag_prec", "cg_operands")
 FAST_PROLOGUE = {"weights_scan": 1, "diag_prec": "cg"}  # no fp32 FMA dots before the CG loop
 VARIANTS = [  # settings of the CG kernels tried in the sweep; the first is the reference of the checks
     {"resident": 0, "rows": 64, "solve_warps": 8, "weights_scan": 0, "diag_prec": "ieee"},  # the GPU-tested path

@@ -44,6 +44,10 @@ TUNING: dict[str, object] = {
     # "cg": diag(M), which only sets the Jacobi start, at cg_prec on tensor cores; "ieee":
     # fp32 FMAs (a BR x BT x K product in every CG program's prologue). fp32 inputs: ieee.
     "diag_prec": "cg",
+    # "fp16_scaled": the CG mat-vecs on fp16 operands scaled per row / per tile (tf32's 11
+    # significant bits at twice its tensor-core rate, half the registers); "fp32": tf32 (or
+    # ieee) dots on fp32 tiles. Not timed on a GPU yet, so off.
+    "cg_operands": "fp32",
     "solve_warps": 8,
     "state_warps": 4,
     "grads_warps": 8,

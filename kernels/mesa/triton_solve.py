@@ -42,7 +42,7 @@ def mesa_fwd_solve_kernel(
     q, k, v, g, beta, lamb, h_kk, h_kv, q_star, o, scale, tol2, T, NT, steps,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, HAS_TOL: tl.constexpr, PREC: tl.constexpr, CG_PREC: tl.constexpr,
-    RESIDENT: tl.constexpr, SCAN: tl.constexpr, DIAG_PREC: tl.constexpr,
+    RESIDENT: tl.constexpr, SCAN: tl.constexpr, DIAG_PREC: tl.constexpr, HALF: tl.constexpr,
 ):
     i_r, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -59,7 +59,7 @@ def mesa_fwd_solve_kernel(
                                                SCAN, DIAG_PREC)
     b_b = load_tile(q + seq * K, r0, 0, T, K, H * K, BR, BK).to(tl.float32) * scale
     if RESIDENT:
-        b_x = cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL, CG_PREC)
+        b_x = cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL, CG_PREC, HALF)
         b_kt = tl.trans(b_k)
     else:
         b_x = cg_solve(b_b, k + seq * K, p_h0, t0, T, H, b_w, b_d, b_lamb, b_diag, steps, tol2,
@@ -79,7 +79,7 @@ def mesa_bwd_solve_kernel(
     k, v, g, beta, lamb, h_kk, h_kv, q_star, do, y, dq, e, dlamb, scale, tol2, T, NT, steps,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, HAS_TOL: tl.constexpr, PREC: tl.constexpr, CG_PREC: tl.constexpr,
-    RESIDENT: tl.constexpr, SCAN: tl.constexpr, DIAG_PREC: tl.constexpr,
+    RESIDENT: tl.constexpr, SCAN: tl.constexpr, DIAG_PREC: tl.constexpr, HALF: tl.constexpr,
 ):
     i_r, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -109,7 +109,7 @@ def mesa_bwd_solve_kernel(
     b_e = b_d * tl.sum(b_x * b_dx_state, axis=1)  # output part of e, before q* leaves registers
     b_dx = b_dx_state * b_d[:, None] + tl.dot(b_dov * b_w, b_k, input_precision=PREC)
     if RESIDENT:
-        b_y = cg_solve_tiles(b_dx, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL, CG_PREC)
+        b_y = cg_solve_tiles(b_dx, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL, CG_PREC, HALF)
     else:
         b_y = cg_solve(b_dx, k + seq * K, p_h0, t0, T, H, b_w, b_d, b_lamb, b_diag, steps, tol2,
                        K, BT, BK, HAS_TOL, CG_PREC)
@@ -136,25 +136,38 @@ class SolveLaunch:
     mat-vec reads them again; Triton may hoist those reads out of a fixed-step loop itself,
     never out of the tolerance loop); weights_scan: segment sums by a running sum instead
     of an fp32 FMA product (chunk_weights); diag_cg_prec: diag(M) (the Jacobi start only)
-    at the CG loop's dot precision instead of fp32 FMAs (the same for fp32 inputs)."""
+    at the CG loop's dot precision instead of fp32 FMAs (the same for fp32 inputs);
+    half_operands: the CG mat-vecs on scaled fp16 operands (triton_system.matvec_half; the
+    resident path only, 16-bit inputs only: fp32 inputs keep true fp32 products)."""
 
     rows: int = 64
     num_warps: int = 8
     resident: bool = True
     weights_scan: bool = False
     diag_cg_prec: bool = False
+    half_operands: bool = False
+
+    def __post_init__(self):
+        if self.half_operands and not self.resident:
+            raise ValueError("mesa TUNING: cg_operands='fp16_scaled' needs resident=1")
 
     @classmethod
     def from_tuning(cls, tuning: Mapping[str, object]) -> SolveLaunch:
-        """From TUNING-style entries: rows, solve_warps, resident, weights_scan, diag_prec."""
+        """From TUNING-style entries: rows, solve_warps, resident, weights_scan, diag_prec,
+        cg_operands ("fp32" or "fp16_scaled"; absent: fp32)."""
+        operands = tuning.get("cg_operands", "fp32")
+        if operands not in ("fp32", "fp16_scaled"):
+            raise ValueError(f"mesa TUNING: cg_operands must be 'fp32' or 'fp16_scaled', got {operands!r}")
         return cls(
             rows=int(tuning["rows"]), num_warps=int(tuning["solve_warps"]), resident=bool(tuning["resident"]),
             weights_scan=bool(tuning["weights_scan"]), diag_cg_prec=tuning["diag_prec"] == "cg",
+            half_operands=operands == "fp16_scaled",
         )
 
     def constexprs(self, cg_prec: str) -> dict:
         return {"RESIDENT": self.resident, "SCAN": self.weights_scan,
-                "DIAG_PREC": cg_prec if self.diag_cg_prec else "ieee"}
+                "DIAG_PREC": cg_prec if self.diag_cg_prec else "ieee",
+                "HALF": self.half_operands and cg_prec != "ieee"}
 
 
 def _tol2(tol: float | None) -> float:

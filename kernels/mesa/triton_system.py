@@ -156,6 +156,33 @@ def matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC: tl.constexpr):
 
 
 @triton.jit
+def scaled_half(b_x, axis: tl.constexpr):
+    """b_x [R, C] as fp16 after dividing by its largest magnitude along `axis` (per row for
+    axis=1, over the whole tile for axis=None), and that scale: every entry within 2^14 of
+    the largest keeps fp16's 11 significant bits, tf32's precision; smaller ones lose bits
+    only below 2^-24 of the largest (a zero tile stays zero)."""
+    if axis is None:
+        b_s = tl.maximum(tl.max(tl.max(tl.abs(b_x), axis=1), axis=0), FP32_TINY)
+        return (b_x / b_s).to(tl.float16), b_s
+    b_s = tl.maximum(tl.max(tl.abs(b_x), axis=axis), FP32_TINY)
+    return (b_x / b_s[:, None]).to(tl.float16), b_s
+
+
+@triton.jit
+def matvec_half(b_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb):
+    """matvec_tiles with fp16 tensor-core operands (twice tf32's rate, half the registers):
+    H0^T and the keys come pre-scaled (scaled_half over the tile, scales s_h, s_k), each row
+    of p and of the intermediate (k_j . p_i) W_ij is scaled the same way here, and the fp32
+    products are scaled back."""
+    b_p16, s_p = scaled_half(b_p, 1)
+    b_mp = tl.dot(b_p16, b_h0t16) * (s_p * s_h * b_d)[:, None]
+    b_a = tl.dot(b_p16, tl.trans(b_k16)) * (s_p * s_k)[:, None] * b_w
+    b_a16, s_a = scaled_half(b_a, 1)
+    b_mp += tl.dot(b_a16, b_k16) * (s_a * s_k)[:, None]
+    return b_mp + b_p * b_lamb[None, :]
+
+
+@triton.jit
 def cg_update(b_x, b_r, b_p, b_rr, b_mp):
     """One conjugate-gradient update of every row (each row is its own system) given the
     rows M_i p_i in b_mp; b_rr holds ||r_i||^2. Returns x, r, p and the new ||r_i||^2."""
@@ -202,23 +229,36 @@ def cg_solve(b_b, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, b_diag, steps, tol2,
 
 @triton.jit
 def cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
-                   HAS_TOL: tl.constexpr, PREC: tl.constexpr):
+                   HAS_TOL: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr = False):
     """cg_solve on the resident path: the same start, iterations and stop, with H0^T [BK, BK]
     and the keys [BT, BK] (fp32) loaded once by the caller and held on chip across all
-    iterations, so an iteration does no global reads."""
-    b_x = b_b / b_diag
-    b_r = b_b - matvec_tiles(b_x, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
+    iterations, so an iteration does no global reads. HALF: the mat-vecs on scaled fp16
+    operands (matvec_half) instead of PREC dots on fp32 tiles."""
+    if HALF:
+        b_h0t16, s_h = scaled_half(b_h0t, None)
+        b_k16, s_k = scaled_half(b_k, None)
+        b_x = b_b / b_diag
+        b_r = b_b - matvec_half(b_x, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
+    else:
+        b_x = b_b / b_diag
+        b_r = b_b - matvec_tiles(b_x, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
     b_p = b_r
     b_rr = tl.sum(b_r * b_r, axis=1)
     if HAS_TOL:
         b_stop = tol2 * tl.sum(b_b * b_b, axis=1)
         i = steps * 0
         while (i < steps) & (tl.max(b_rr - b_stop, axis=0) > 0):
-            b_mp = matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
+            if HALF:
+                b_mp = matvec_half(b_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
+            else:
+                b_mp = matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
             b_x, b_r, b_p, b_rr = cg_update(b_x, b_r, b_p, b_rr, b_mp)
             i += 1
     else:
         for _ in range(steps):
-            b_mp = matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
+            if HALF:
+                b_mp = matvec_half(b_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
+            else:
+                b_mp = matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
             b_x, b_r, b_p, b_rr = cg_update(b_x, b_r, b_p, b_rr, b_mp)
     return b_x

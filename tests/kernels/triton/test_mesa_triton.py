@@ -99,6 +99,37 @@ def test_fp16_half_chunk_rows(monkeypatch, resident):
     check(leaves, torch.float16, TOL[torch.float16], cg_steps=32)
 
 
+@pytest.mark.parametrize("rows", [64, 32])
+def test_fp16_scaled_cg_operands(monkeypatch, rows):
+    """TUNING["cg_operands"] = "fp16_scaled" (off by default until timed on a GPU): fp16
+    inputs, the CG mat-vecs on scaled fp16 operands, against the exact fp64 solve."""
+    monkeypatch.setitem(triton_function.TUNING, "cg_operands", "fp16_scaled")
+    monkeypatch.setitem(triton_function.TUNING, "rows", rows)
+    check(make_inputs(1, 80, 1, 16, 16, seed=6), torch.float16, TOL[torch.float16], cg_steps=32)
+
+
+def test_fp16_scaled_cg_operands_ill_conditioned(monkeypatch):
+    """Small lamb with a tolerance stop: fp16 inputs then miss the fp16 tolerance on either
+    path (the systems amplify the states' 16-bit rounding, ~7e-3 on o), so the scaled-fp16
+    mat-vecs are held to the fp32-operand path's own errors instead: at most twice them."""
+    leaves = make_inputs(1, 70, 1, 16, 16, seed=8, lamb=(0.02, 0.05))
+    ref = run(leaves, F64, "reference")
+    fp32_ops = run(leaves, torch.float16, "triton", cg_steps=48, cg_tol=1e-7)
+    monkeypatch.setitem(triton_function.TUNING, "cg_operands", "fp16_scaled")
+    half_ops = run(leaves, torch.float16, "triton", cg_steps=48, cg_tol=1e-7)
+    for name, a, b, r in zip(NAMES, half_ops, fp32_ops, ref):
+        assert rel_err(a, r) <= max(2 * rel_err(b, r), TOL[torch.float16]), name
+
+
+def test_fp16_scaled_cg_operands_needs_resident(monkeypatch):
+    from kernels.mesa.triton_solve import SolveLaunch
+
+    with pytest.raises(ValueError, match="resident"):
+        SolveLaunch.from_tuning({**triton_function.TUNING, "cg_operands": "fp16_scaled", "resident": 0})
+    with pytest.raises(ValueError, match="cg_operands"):
+        SolveLaunch.from_tuning({**triton_function.TUNING, "cg_operands": "bf16"})
+
+
 def test_without_state_and_tolerance(resident):
     """No initial state; cg_tol stops early (a huge tol stops at the Jacobi start, exactly
     cg_steps=0), a tiny one converges to the exact solve."""
