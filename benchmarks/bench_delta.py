@@ -28,7 +28,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.timing import rel_diff, time_fwd_fwdbwd
+from benchmarks.timing import rel_diff, save_record, time_fwd_fwdbwd
 from kernels.delta_rule.triton_op import delta_rule_triton  # noqa: E402
 from kernels.gated_delta_rule import triton_op as gdn_op  # noqa: E402
 from kernels.gated_delta_rule.triton_tuning import TUNING  # noqa: E402
@@ -196,10 +196,7 @@ def main():
         record["rows"].append(row)
         del cands, q, k, v, g, beta, do
         torch.cuda.empty_cache()
-        for path in [args.out] + ([os.path.join(os.environ["OUT"], os.path.basename(args.out))] if os.environ.get("OUT") else []):
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path, "w") as f:
-                json.dump(record, f, indent=1)
+        save_record(record, args.out)
 
 
 if __name__ == "__main__":

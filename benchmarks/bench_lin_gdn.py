@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_delta import make_inputs  # the same inputs as the GDN benchmark
-from benchmarks.timing import rel_diff, time_fwd_fwdbwd
+from benchmarks.timing import rel_diff, save_record, time_fwd_fwdbwd
 
 
 def candidates(q, k, v, g, beta):
@@ -120,10 +120,7 @@ def main():
         record["rows"].append(row)
         del cands, q, k, v, g, beta
         torch.cuda.empty_cache()
-        for path in [args.out] + ([os.path.join(os.environ["OUT"], os.path.basename(args.out))] if os.environ.get("OUT") else []):
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path, "w") as f:
-                json.dump(record, f, indent=1)
+        save_record(record, args.out)
 
 
 if __name__ == "__main__":

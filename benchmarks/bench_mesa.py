@@ -36,7 +36,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.timing import rel_diff, time_fwd_fwdbwd
+from benchmarks.timing import rel_diff, save_record, time_fwd_fwdbwd
 from kernels.common.chunking import split_chunks
 from kernels.mesa import triton_function as tf
 from kernels.mesa import triton_solve
@@ -298,13 +298,8 @@ def main():
         "device": torch.cuda.get_device_name(), "versions": versions, "tuning_default": dict(tf.TUNING),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": [],
     }
-    paths = [args.out] + ([os.path.join(os.environ["OUT"], os.path.basename(args.out))] if os.environ.get("OUT") else [])
-
     def save():
-        for path in paths:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path, "w") as f:
-                json.dump(record, f, indent=1)
+        save_record(record, args.out)
 
     fast, record["fast_variant"] = settings(), "default (sweep skipped)"
     if "sweep" not in args.skip:

@@ -1,7 +1,8 @@
-"""Timing and comparison helpers shared by the kernel benchmarks (CUDA only).
+"""Timing, comparison and record helpers shared by the kernel benchmarks (CUDA only).
 
     time_fwd_fwdbwd(fwd, leaves, cotangents)  fwd and fwd+bwd medians, peak extra memory
     rel_diff(a, b)                             ||a - b|| / ||b|| in fp64
+    save_record(record, path)                  the JSON at path, and a copy in $OUT
 
 Medians come from triton.testing.do_bench after its warm-up; a measurement that raises is
 recorded in the row (FLA refuses some backwards on Triton 3.6) and the benchmark goes on.
@@ -9,9 +10,21 @@ recorded in the row (FLA refuses some backwards on Triton 3.6) and the benchmark
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Sequence
 
 import torch
+
+
+def save_record(record: dict, path: str) -> None:
+    """Write `record` as JSON to `path` and, on a device machine (OUT set), a copy to
+    $OUT/<same name>; benchmarks call it after every measurement so a cut run keeps them."""
+    paths = [path] + ([os.path.join(os.environ["OUT"], os.path.basename(path))] if os.environ.get("OUT") else [])
+    for target in dict.fromkeys(paths):
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        with open(target, "w") as f:
+            json.dump(record, f, indent=1)
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
