@@ -45,6 +45,21 @@ def factored_span(dtype: torch.dtype) -> float:
 
 
 @triton.jit
+def load_chunk_qkg(q, k, gamma, seq, t0, last, m_t, i_k, T,
+                   H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """One chunk's K-block: q, k [BT, BK], gamma [BT, BK] with padded rows set to the last
+    valid row (a zero gate), gamma's last and first rows [BK]. The fast path is taken where
+    max(first - last) <= span: the largest key factor it would form is 2^span."""
+    b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+    b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+    b_g = load_tile(gamma + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+    b_glast = load_row(gamma + seq * K, last, i_k * BK, T, K, H * K, BK)
+    b_g = tl.where(m_t[:, None], b_g, b_glast[None, :])
+    b_gfirst = load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
+    return b_q, b_k, b_g, b_glast, b_gfirst
+
+
+@triton.jit
 def _intra_A_exact(b_q, b_k, b_g, k, gamma, seq, t0, o_i, o_t, m_t, o_k, m_k, i_k, T,
                    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                    DOT_PREC: tl.constexpr):
@@ -97,12 +112,7 @@ def gla_intra_A_kernel(
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_g = load_tile(gamma + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_glast = load_row(gamma + seq * K, last, i_k * BK, T, K, H * K, BK)
-        b_g = tl.where(m_t[:, None], b_g, b_glast[None, :])
-        b_gfirst = load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
+        b_q, b_k, b_g, b_glast, b_gfirst = load_chunk_qkg(q, k, gamma, seq, t0, last, m_t, i_k, T, H, K, BT, BK)
         if tl.max(b_gfirst - b_glast, axis=0) <= span:
             # fast path (module docstring): one dot around the chunk's first row
             b_qg = (b_q * tl.exp2(b_g - b_gfirst[None, :])).to(b_q.dtype)
@@ -218,15 +228,10 @@ def gla_bwd_dqkg_kernel(
         b_dk_inter += tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=DOT_PREC)
         b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
 
-    b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-    b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-    b_g = load_tile(gamma + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-    b_glast = load_row(gamma + seq * K, last, i_k * BK, T, K, H * K, BK)
-    b_g = tl.where(m_t[:, None], b_g, b_glast[None, :])
+    b_q, b_k, b_g, b_glast, b_gfirst = load_chunk_qkg(q, k, gamma, seq, t0, last, m_t, i_k, T, H, K, BT, BK)
     b_dA = tl.where(o_i[:, None] >= o_i[None, :], b_dA, 0.0) * scale
 
     # --- intra-chunk part: one factored dot pair when the gates are mild, else sub-chunks
-    b_gfirst = load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
     if tl.max(b_gfirst - b_glast, axis=0) <= span:
         b_kg = (b_k * tl.exp2(b_gfirst[None, :] - b_g)).to(b_k.dtype)
         b_qg = (b_q * tl.exp2(b_g - b_gfirst[None, :])).to(b_q.dtype)

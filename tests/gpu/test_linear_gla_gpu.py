@@ -109,10 +109,10 @@ def test_bf16_fused_forward(monkeypatch, gate, segments):
     """The fused forward (kernels/common/triton/fused_forward.py), which the benchmark shapes
     use from B * H = 64 on, forced here at B * H = 2; "segmented" also cuts the sequence into
     segments run in parallel (segment_programs = 1024: 128 chunks into 128 segments here)."""
-    from kernels.common.triton.launch import LAUNCH
+    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
 
-    for name in ("fwd_fused", "fwd_fused_vector"):
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1, min_heads_gated=1,
+    for name in FUSED_FORWARD_ENTRIES:
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1,
                                                segment_programs=segments))
     tensors, h0 = make_inputs(1, 8192, 2, 128, 128, torch.bfloat16, gate, "near0", seed=77)
     errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 fused/{segments} T=8192 gate={gate}")

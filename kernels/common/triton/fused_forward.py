@@ -10,8 +10,8 @@ chunks in order; per chunk it
     3. moves on: S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n.
 So outputs and states equal the two-kernel path's. The price is recomputing A once per
 V-block and fewer programs (B * H * V-blocks): with few sequences the chunks of one
-program run one after another. launch.LAUNCH["fwd_fused"] (and "fwd_fused_vector") say
-when it is used. With "segment_programs" > 0 a sequence is also cut into segments of
+program run one after another. launch.LAUNCH["fwd_fused"] (and its _scalar / _vector
+entries) say when it is used. With "segment_programs" > 0 a sequence is also cut into segments of
 chunks that run in parallel, each from its entering state (segments.py: two cheap passes
 first), until about that many programs run; 0 keeps one segment.
 
@@ -25,12 +25,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.launch import LAUNCH, sequential_blocks, tile
+from kernels.common.triton.launch import (
+    FUSED_FORWARD_ENTRIES,
+    LAUNCH,
+    sequential_blocks,
+    tile,
+)
 from kernels.common.triton.segments import segment_entry_states
 from kernels.common.triton.states import _decay_rows
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import (
-    GATE_SCALAR,
     GATE_VECTOR,
     dot_precision,
     new_buffer,
@@ -99,16 +103,14 @@ def chunk_fwd_fused_kernel(
 
 def launch_name(gate: int) -> str:
     """The LAUNCH entry of the fused forward for a gate mode."""
-    return "fwd_fused_vector" if gate == GATE_VECTOR else "fwd_fused"
+    return FUSED_FORWARD_ENTRIES[gate]
 
 
 def fused_forward_applies(K: int, n_heads: int, gate: int) -> bool:
     """Whether chunk_fwd_fused runs for key width K and n_heads = B * H sequences of heads
-    under the current LAUNCH settings (enabled, K <= 128, n_heads >= min_heads, or
-    min_heads_gated for a scalar gate)."""
+    under the current LAUNCH settings (enabled, K <= 128, n_heads >= min_heads)."""
     cfg = LAUNCH[launch_name(gate)]
-    least = cfg["min_heads_gated"] if gate == GATE_SCALAR else cfg["min_heads"]
-    return bool(cfg["enabled"]) and K <= MAX_K and (n_heads >= least or cfg["segment_programs"] > 0)
+    return bool(cfg["enabled"]) and K <= MAX_K and (n_heads >= cfg["min_heads"] or cfg["segment_programs"] > 0)
 
 
 def chunks_per_segment(NT: int, programs: int, target: int) -> int:

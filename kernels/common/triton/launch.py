@@ -17,8 +17,9 @@ import torch
 import triton
 
 LAUNCH: dict[str, dict[str, int]] = {
-    # fwd_fused (fused_forward.py): the forward's states and outputs in one sequential pass,
-    # used when enabled, K <= 128 and B * H >= min_heads; else fwd_states + fwd_output.
+    # fwd_fused (fused_forward.py; ungated, with _scalar / _vector entries for gated ops):
+    # the forward's states and outputs in one sequential pass, used when enabled, K <= 128
+    # and B * H >= min_heads; else fwd_states + fwd_output.
     # H200 (results/bench/h200_linear_gla_tune.json, fused_search), linear forward: 0.46 ms
     # fused vs 0.68 two kernels at B * H = 512 (T = 2048), 0.61 at 128 (T = 8192), but 0.98 vs
     # 0.78 at 32 (T = 32768), where the fused chunks run one after another in too few programs.
@@ -26,8 +27,10 @@ LAUNCH: dict[str, dict[str, int]] = {
     # 0.76 for the two kernels), so gates need 256
     # segment_programs > 0: cut long sequences into segments run in parallel (fused_forward.py)
     # until about that many programs run, at any B * H; 0 (default): not measured on a GPU yet
-    "fwd_fused": {"enabled": 1, "min_heads": 64, "min_heads_gated": 256, "segment_programs": 0, "BK": 128,
+    "fwd_fused": {"enabled": 1, "min_heads": 64, "segment_programs": 0, "BK": 128,
                   "BV": 64, "min_BV": 16, "min_waves": 2, "num_warps": 4, "num_stages": 2},
+    "fwd_fused_scalar": {"enabled": 1, "min_heads": 256, "segment_programs": 0, "BK": 128,
+                         "BV": 64, "min_BV": 16, "min_waves": 2, "num_warps": 4, "num_stages": 2},
     # a vector gate: BV 128 and 8 warps, 0.80 ms at T = 2048 (1.02 at BV 64 / 4 warps); at
     # T = 8192 (128) the op forward took 2.66 ms fused against 1.96 at T = 32768 unfused
     "fwd_fused_vector": {"enabled": 1, "min_heads": 256, "segment_programs": 0, "BK": 128, "BV": 128,
@@ -49,6 +52,10 @@ LAUNCH: dict[str, dict[str, int]] = {
     "intra_A": {"BK": 128, "num_warps": 4, "num_stages": 1},
     "bwd_dqkg": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1},
 }
+
+
+# the fused forward's entries, indexed by gate mode (GATE_NONE, GATE_SCALAR, GATE_VECTOR = 0, 1, 2)
+FUSED_FORWARD_ENTRIES = ("fwd_fused", "fwd_fused_scalar", "fwd_fused_vector")
 
 
 def tile(dim: int, cap: int) -> int:

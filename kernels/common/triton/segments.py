@@ -4,9 +4,9 @@ segments in parallel when there are few sequences of heads (long T, small B * H)
 A segment is CPS consecutive chunks. Two passes:
   1. segment_local_states: every (V-block, head, segment) program walks its segment's chunks
      from a zero state, S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n, and stores
-     the segment's local final state L_s (fp32) and its total decay D_s = e^{sum of the
-     chunks' gamma_C} (a number per segment for a scalar gate, one per key row for a vector
-     gate, nothing without a gate). Fully parallel.
+     the segment's local final state L_s (fp32) and its total decay D_s, the product of the
+     chunks' e^{gamma_C} (stored per key row: equal entries for a scalar gate, nothing
+     without a gate). Fully parallel.
   2. segment_carry: C_0 = h0 (or 0) and C_{s+1} = D_s ⊙ C_s + L_s, one program per (V-block,
      head) walking the S segments: the states entering the segments (fp32).
 The fused forward (fused_forward.py) then starts segment s from C_s. The maths is the state
@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.tiles import load_row, load_tile, load_tile_t, store_tile
+from kernels.common.triton.states import _decay_rows
+from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import GATE_NONE, new_buffer, warps
 
 
@@ -33,35 +34,28 @@ def segment_local_states_kernel(
     i_v, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     seq = i_b.to(tl.int64) * T * H + i_h
-    o_i = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    # the segment's summed log2-decay: a scalar gate's as a [BK] vector of equal entries,
-    # so that both gate kinds carry one loop variable of one shape
-    b_lsum = tl.zeros([BK], dtype=tl.float32)
+    # the segment's decay: one [BK] vector for both gate kinds (a scalar gate's entries equal)
+    b_dec = tl.full([BK], 1.0, dtype=tl.float32)
     for i_t in range(i_s * CPS, tl.minimum((i_s + 1) * CPS, NT)):
         t0 = i_t * BT
-        last = tl.minimum(t0 + BT, T) - 1
         b_kt = load_tile_t(k + seq * K, t0, 0, T, K, H * K, BT, BK)
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
         if GATE == 1:
-            b_g = tl.load(gamma + seq + (t0 + o_i) * H, mask=t0 + o_i < T, other=0.0)
-            b_glast = tl.load(gamma + seq + last * H)
-            b_kt = (b_kt * tl.exp2(b_glast - b_g)[None, :]).to(b_kt.dtype)
-            b_h *= tl.exp2(b_glast)
-            b_lsum += b_glast
+            b_kt, b_decay = _decay_rows(b_kt, gamma, seq, t0, T, H, K, BT, BK, 0, GATE, True)
+            b_h *= b_decay
+            b_dec *= b_decay
         elif GATE == 2:
-            b_g = load_tile_t(gamma + seq * K, t0, 0, T, K, H * K, BT, BK)
-            b_glast = load_row(gamma + seq * K, last, 0, T, K, H * K, BK)
-            b_kt = (b_kt * tl.exp2(b_glast[:, None] - b_g)).to(b_kt.dtype)
-            b_h *= tl.exp2(b_glast)[:, None]
-            b_lsum += b_glast
+            b_kt, b_decay = _decay_rows(b_kt, gamma, seq, t0, T, H, K, BT, BK, 0, GATE, True)
+            b_h *= b_decay[:, None]
+            b_dec *= b_decay
         b_h += tl.dot(b_kt, b_v, input_precision=DOT_PREC)
     seg = (i_bh * S + i_s).to(tl.int64)
     store_tile(L + seg * K * V, b_h, 0, i_v * BV, K, V, V, BK, BV)
     if GATE != 0:  # noqa: SIM102 - a compile-time test outside, a per-program one inside
         if i_v == 0:
-            tl.store(D + seg * K + o_k, tl.exp2(b_lsum), mask=o_k < K)
+            tl.store(D + seg * K + o_k, b_dec, mask=o_k < K)
 
 
 @triton.jit

@@ -64,7 +64,7 @@ def fused_forward_at_small_shapes(monkeypatch):
     GPU setting); the small test shapes have a handful, so it is lowered to 1 here and the
     generic tests run the fused path. The two-kernel path has tests of its own that switch
     the fused one off."""
-    from kernels.common.triton.launch import LAUNCH
+    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
 
-    for name in ("fwd_fused", "fwd_fused_vector"):
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1, min_heads_gated=1))
+    for name in FUSED_FORWARD_ENTRIES:
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1))

@@ -104,10 +104,10 @@ def test_scalar_gate_chunk_32_odd_dims(compare):
 @pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
 def test_two_kernel_forward_matches_reference(compare, monkeypatch, gate):
     """The forward without the fused kernel (fwd_states + fwd_output, what K > 128 runs)."""
-    from kernels.common.triton.launch import LAUNCH
+    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
     from kernels.linear_attention import linear_attention
 
-    for name in ("fwd_fused", "fwd_fused_vector"):
+    for name in FUSED_FORWARD_ENTRIES:
         monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], enabled=0))
     tensors, h0 = make_inputs(1, 100, 2, 32, 16, torch.float32, gate == "vector", seed=21)
     if gate == "none":
@@ -147,10 +147,10 @@ def test_segmented_fused_forward_matches_reference(compare, monkeypatch, gate, t
     """The fused forward cut into segments run in parallel (segments.py), from an initial
     state, with the final state and every gradient: T = 300 is 5 chunks, cut into 3 segments
     (2 + 2 + 1 chunks) or into 5."""
-    from kernels.common.triton.launch import LAUNCH
+    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
     from kernels.linear_attention import linear_attention
 
-    for name in ("fwd_fused", "fwd_fused_vector"):
+    for name in FUSED_FORWARD_ENTRIES:
         monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], segment_programs=target))
     tensors, h0 = make_inputs(1, 300, 2, 16, 16, torch.float32, gate == "vector", seed=31)
     if gate == "none":

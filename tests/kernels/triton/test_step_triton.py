@@ -8,7 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import delta_rule_step, gated_delta_rule_step, gated_linear_attention_step, linear_attention_step
+from kernels import (
+    delta_rule_step,
+    gated_delta_rule_step,
+    gated_linear_attention_step,
+    linear_attention_step,
+)
 from tests.util import TOL, rel_err
 
 B, H, K, V = 2, 3, 20, 24
