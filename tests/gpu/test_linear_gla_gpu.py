@@ -111,8 +111,8 @@ def test_bf16_fused_forward(monkeypatch, gate, segments):
     segments run in parallel (segment_programs = 1024: 128 chunks into 128 segments here)."""
     from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
 
-    for name in FUSED_FORWARD_ENTRIES:
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1,
+    for name in FUSED_FORWARD_ENTRIES:  # segments run below min_heads only
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=10**6 if segments else 1,
                                                segment_programs=segments))
     tensors, h0 = make_inputs(1, 8192, 2, 128, 128, torch.bfloat16, gate, "near0", seed=77)
     errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 fused/{segments} T=8192 gate={gate}")

@@ -11,9 +11,10 @@ chunks in order; per chunk it
 So outputs and states equal the two-kernel path's. The price is recomputing A once per
 V-block and fewer programs (B * H * V-blocks): with few sequences the chunks of one
 program run one after another. launch.LAUNCH["fwd_fused"] (and its _scalar / _vector
-entries) say when it is used. With "segment_programs" > 0 a sequence is also cut into segments of
-chunks that run in parallel, each from its entering state (segments.py: two cheap passes
-first), until about that many programs run; 0 keeps one segment.
+entries) say when it is used: from min_heads sequences (B * H) on. Below that, with
+"segment_programs" > 0, each sequence is cut into segments of chunks that run in parallel,
+each from its entering state (segments.py: two cheap passes first), until about that many
+programs run; with 0 the two-kernel forward runs instead.
 
 The whole K must fit one tile (K <= 128 here); a vector gate brings its intra-chunk
 matrix A precomputed (kernels/gated_linear_attention/triton_vector.py), as in output.py.
@@ -108,17 +109,26 @@ def launch_name(gate: int) -> str:
 
 def fused_forward_applies(K: int, n_heads: int, gate: int) -> bool:
     """Whether chunk_fwd_fused runs for key width K and n_heads = B * H sequences of heads
-    under the current LAUNCH settings (enabled, K <= 128, n_heads >= min_heads)."""
+    under the current LAUNCH settings: enabled, K <= 128, and either n_heads >= min_heads
+    (one sequential pass per sequence) or segment_programs > 0 (fewer sequences: each is cut
+    into segments run in parallel)."""
     cfg = LAUNCH[launch_name(gate)]
     return bool(cfg["enabled"]) and K <= MAX_K and (n_heads >= cfg["min_heads"] or cfg["segment_programs"] > 0)
 
 
+def segment_target(n_heads: int, gate: int) -> int:
+    """The program count segments should reach (0: no segments): LAUNCH's segment_programs
+    when n_heads = B * H is below min_heads, else 0 (enough sequences to fill the GPU)."""
+    cfg = LAUNCH[launch_name(gate)]
+    return int(cfg["segment_programs"]) if n_heads < cfg["min_heads"] else 0
+
+
 def chunks_per_segment(NT: int, programs: int, target: int) -> int:
-    """Chunks per segment so that programs x segments reaches `target` programs (0: one
-    segment, the whole sequence)."""
-    if target <= programs or NT == 1:
+    """Chunks per segment so that programs x segments comes close to `target` programs
+    without passing it (target <= 2 * programs: one segment, the whole sequence)."""
+    segments = min(NT, target // programs) if programs > 0 else 1
+    if segments <= 1:
         return NT
-    segments = min(NT, triton.cdiv(target, programs))
     return triton.cdiv(NT, segments)
 
 
@@ -145,11 +155,12 @@ def chunk_fwd_fused(
     name = launch_name(gate)
     cfg = LAUNCH[name]
     BK = max(16, triton.next_power_of_2(K))
-    if cfg["segment_programs"] > 0:  # segments bring the parallelism: keep the widest V-block
+    target = segment_target(B * H, gate)
+    if target > 0:  # segments bring the parallelism: keep the widest V-block
         BV = tile(V, cfg["BV"])
     else:
         _, BV = sequential_blocks(name, K, V, B * H, k.device)
-    CPS = chunks_per_segment(NT, B * H * triton.cdiv(V, BV), cfg["segment_programs"])
+    CPS = chunks_per_segment(NT, B * H * triton.cdiv(V, BV), target)
     S = triton.cdiv(NT, CPS)
     h_in = h0
     if S > 1:  # the state entering each segment (segments.py)

@@ -25,11 +25,15 @@ LAUNCH: dict[str, dict[str, int]] = {
     # 0.78 at 32 (T = 32768), where the fused chunks run one after another in too few programs.
     # Gated, the fused pass lost already at 128 (scalar gate, T = 8192: 0.90 ms op forward vs
     # 0.76 for the two kernels), so gates need 256
-    # segment_programs > 0: cut long sequences into segments run in parallel (fused_forward.py)
-    # until about that many programs run, at any B * H; 0 (default): not measured on a GPU yet
-    "fwd_fused": {"enabled": 1, "min_heads": 64, "segment_programs": 0, "BK": 128,
+    # segment_programs > 0: below min_heads, cut each sequence into segments run in parallel
+    # (fused_forward.py) until about that many programs run; 0: the two-kernel forward there.
+    # H200, op-level forward kernels at T = 32768 (B * H = 32; tune record "segments"):
+    # linear 0.78 ms (two kernels) -> 0.67 fused in 16 segments (1056 programs); scalar gate
+    # 0.92 -> 0.83; at T = 8192 (B * H = 128) scalar 0.80 -> 0.78-0.82 (2-4 segments). A
+    # vector gate's segments lost at T = 8192 (1.25 vs 0.93) and won 5% at 32768: off there
+    "fwd_fused": {"enabled": 1, "min_heads": 64, "segment_programs": 1056, "BK": 128,
                   "BV": 64, "min_BV": 16, "min_waves": 2, "num_warps": 4, "num_stages": 2},
-    "fwd_fused_scalar": {"enabled": 1, "min_heads": 256, "segment_programs": 0, "BK": 128,
+    "fwd_fused_scalar": {"enabled": 1, "min_heads": 256, "segment_programs": 1056, "BK": 128,
                          "BV": 64, "min_BV": 16, "min_waves": 2, "num_warps": 4, "num_stages": 2},
     # a vector gate: BV 128 and 8 warps, 0.80 ms at T = 2048 (1.02 at BV 64 / 4 warps); at
     # T = 8192 (128) the op forward took 2.66 ms fused against 1.96 at T = 32768 unfused

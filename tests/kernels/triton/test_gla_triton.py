@@ -147,15 +147,20 @@ def test_segmented_fused_forward_matches_reference(compare, monkeypatch, gate, t
     """The fused forward cut into segments run in parallel (segments.py), from an initial
     state, with the final state and every gradient: T = 300 is 5 chunks, cut into 3 segments
     (2 + 2 + 1 chunks) or into 5."""
+    from kernels.common.triton import fused_forward
     from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
     from kernels.linear_attention import linear_attention
 
-    for name in FUSED_FORWARD_ENTRIES:
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], segment_programs=target))
+    for name in FUSED_FORWARD_ENTRIES:  # segments run below min_heads only (conftest lowers it to 1)
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=10**6, segment_programs=target))
     tensors, h0 = make_inputs(1, 300, 2, 16, 16, torch.float32, gate == "vector", seed=31)
     if gate == "none":
         del tensors["g"]
+    calls = []
+    entry = fused_forward.segment_entry_states
+    monkeypatch.setattr(fused_forward, "segment_entry_states", lambda *a, **kw: calls.append(1) or entry(*a, **kw))
     compare(linear_attention if gate == "none" else gated_linear_attention, tensors, h0, TOL[torch.float32])
+    assert calls, "the segmented path did not run"
 
 
 def test_segments_split_the_chunks():
@@ -165,3 +170,17 @@ def test_segments_split_the_chunks():
     assert chunks_per_segment(5, 2, 10**6) == 1
     assert chunks_per_segment(5, 8, 6) == 5  # enough programs already: one segment
     assert chunks_per_segment(512, 128, 1024) == 64  # 8 segments of a 32k sequence
+    assert chunks_per_segment(32, 1024, 1056) == 32  # never 2 segments for 3% more programs
+    assert chunks_per_segment(512, 64, 1056) == 32  # 16 segments
+
+
+def test_segments_only_below_min_heads(monkeypatch):
+    """Segments replace the two-kernel forward only where the one-pass forward has too few
+    sequences (B * H < min_heads); from min_heads on, one segment per sequence."""
+    from kernels.common.triton.fused_forward import segment_target
+    from kernels.common.triton.launch import LAUNCH
+
+    monkeypatch.setitem(LAUNCH, "fwd_fused", dict(LAUNCH["fwd_fused"], min_heads=64, segment_programs=1056))
+    assert segment_target(32, 0) == 1056 and segment_target(64, 0) == 0
+    monkeypatch.setitem(LAUNCH, "fwd_fused", dict(LAUNCH["fwd_fused"], segment_programs=0))
+    assert segment_target(32, 0) == 0
