@@ -52,14 +52,12 @@ CG_STEPS = 30
 SWEEP_KEYS = ("resident", "rows", "solve_warps", "weights_scan", "diag_prec", "cg_operands")
 FAST_PROLOGUE = {"weights_scan": 1, "diag_prec": "cg"}  # no fp32 FMA dots before the CG loop
 VARIANTS = [  # settings of the CG kernels tried in the sweep; the first is the reference of the checks
-    {"resident": 0, "rows": 64, "solve_warps": 8, "weights_scan": 0, "diag_prec": "ieee"},  # the GPU-tested path
-    {"resident": 1, "rows": 64, "solve_warps": 8},  # H0^T and keys on chip through the CG loop
-    {"resident": 1, "rows": 64, "solve_warps": 4},
-    {"resident": 1, "rows": 32, "solve_warps": 4},  # half a chunk per program: fewer registers
-    {"resident": 1, "rows": 32, "solve_warps": 8},
-    {"resident": 1, "rows": 64, "solve_warps": 16},  # 128 registers a thread at most
-    {"resident": 1, "rows": 64, "solve_warps": 8, **FAST_PROLOGUE},
-    {"resident": 1, "rows": 32, "solve_warps": 8, **FAST_PROLOGUE},
+    # fp32 operands: the path GPU-tested in session 3 (earlier sweeps: variants_mesa.json)
+    {"resident": 1, "rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp32"},
+    {"resident": 1, "rows": 64, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_scaled"},
+    {"resident": 1, "rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_scaled"},
+    {"resident": 1, "rows": 64, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_normed"},
+    {"resident": 1, "rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_normed"},
 ]
 
 
@@ -84,7 +82,9 @@ class Tuned:
     """Temporarily apply TUNING overrides."""
 
     def __init__(self, over):
-        self.over, self.saved = over, dict(tf.TUNING)
+        self.over, self.saved = dict(over), dict(tf.TUNING)
+        if "rows" in self.over:  # a sweep variant's rows are both solves'
+            self.over.setdefault("bwd_rows", self.over["rows"])
 
     def __enter__(self):
         tf.TUNING.update(self.over)
@@ -122,9 +122,13 @@ def settings(over=None):
     return {k: (over or {}).get(k, tf.TUNING[k]) for k in SWEEP_KEYS}
 
 
-def launch_of(over=None):
-    """The solve kernels' SolveLaunch for TUNING with overrides."""
-    return SolveLaunch.from_tuning({**tf.TUNING, **(over or {})})
+def launch_of(over=None, backward=False):
+    """The solve kernels' SolveLaunch for TUNING with overrides (the backward's with
+    backward=True: TUNING's bwd_rows; a sweep variant's rows set both)."""
+    over = dict(over or {})
+    if "rows" in over:
+        over.setdefault("bwd_rows", over["rows"])
+    return SolveLaunch.from_tuning({**tf.TUNING, **over}, backward=backward)
 
 
 def dump_asm(folder, tag):
@@ -200,12 +204,12 @@ def kernel_breakdown(leaves, do, scale):
     from kernels.mesa.triton_states import mesa_bwd_states
 
     q, k, v, g, beta, lamb = (x.detach() for x in leaves)
-    launch = launch_of()
+    launch, bwd_launch = launch_of(), launch_of(backward=True)
     h_kk, _ = mesa_fwd_states(k, k, g, beta, None, False, 64, "tf32")
     h_kv, _ = mesa_fwd_states(k, v, g, beta, None, False, 64, "tf32")
     q_star, _ = mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, CG_STEPS, None, 64, "tf32", "tf32", launch)
     y, _, e, _ = mesa_bwd_solve(k, v, g, beta, lamb, h_kk, h_kv, q_star, do, scale, CG_STEPS, None, 64, "tf32",
-                                "tf32", q.dtype, launch)
+                                "tf32", q.dtype, bwd_launch)
     dh_kk, _, d1 = mesa_bwd_states(y, q_star, g, h_kk, None, -1.0, False, 64, "tf32")
     dh_kv, _, d2 = mesa_bwd_states(q_star, do, g, h_kv, None, 1.0, False, 64, "tf32")
     steps = {
@@ -214,7 +218,7 @@ def kernel_breakdown(leaves, do, scale):
         "fwd_solve": lambda: mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, CG_STEPS, None, 64, "tf32",
                                             "tf32", launch),
         "bwd_solve": lambda: mesa_bwd_solve(k, v, g, beta, lamb, h_kk, h_kv, q_star, do, scale, CG_STEPS, None, 64,
-                                            "tf32", "tf32", q.dtype, launch),
+                                            "tf32", "tf32", q.dtype, bwd_launch),
         "bwd_states_x2": lambda: (mesa_bwd_states(y, q_star, g, h_kk, None, -1.0, False, 64, "tf32"),
                                   mesa_bwd_states(q_star, do, g, h_kv, None, 1.0, False, 64, "tf32")),
         "bwd_grads": lambda: mesa_bwd_grads(k, v, g, beta, q_star, y, do, dh_kk, dh_kv, e, d1 + d2, 64, "tf32",

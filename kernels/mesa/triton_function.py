@@ -32,7 +32,7 @@ from kernels.mesa.triton_states import mesa_bwd_states, mesa_fwd_states
 TUNING: dict[str, object] = {
     "cg_prec": "tf32",  # tl.dot precision inside the CG loops
     "prec": "tf32",  # every other dot (states, outputs, gradients)
-    "rows": 32,  # rows (tokens) per CG program: the chunk, or half of it (fewer registers)
+    "rows": 64,  # rows (tokens) per forward CG program: the chunk, or half of it (fewer registers)
     # 1: the CG programs load H0^T (fp32 K x K) and the chunk's keys once and keep them on chip
     # for every iteration; 0: each mat-vec reads them again from global memory (Triton 3.6
     # hoists those reads out of a fixed-step loop itself: the same speed there, but not in the
@@ -45,9 +45,15 @@ TUNING: dict[str, object] = {
     # fp32 FMAs (a BR x BT x K product in every CG program's prologue). fp32 inputs: ieee.
     "diag_prec": "cg",
     # "fp16_scaled": the CG mat-vecs on fp16 operands scaled per row / per tile (tf32's 11
-    # significant bits at twice its tensor-core rate, half the registers); "fp32": tf32 (or
-    # ieee) dots on fp32 tiles. Not timed on a GPU yet, so off.
-    "cg_operands": "fp32",
+    # significant bits at twice its tensor-core rate, half the registers); "fp16_normed": the
+    # same with each row scaled by a norm the CG loop carries (no row-max reductions);
+    # "fp32": tf32 (or ieee) dots on fp32 tiles. H200, solve kernels at T = 8192, rows 32:
+    # fwd / bwd 25.7 / 27.1 ms (fp32) -> 19.1 / 20.6 (fp16_scaled); rows 64: 14.9 / 22.2
+    # (results/bench/h200_mesa.json, sweep of session 4); q* moved by 1.0e-4, o by 1.3e-3.
+    # fp16_normed was faster (rows 64: 12.3 / 18.1) but gave NaN on the H200 (not on the CPU
+    # interpreter): not usable until that is understood
+    "cg_operands": "fp16_scaled",
+    "bwd_rows": 32,  # rows per program of the backward's CG (rows: the forward's)
     "solve_warps": 8,
     "state_warps": 4,
     "grads_warps": 8,
@@ -107,7 +113,7 @@ class MesaFunction(torch.autograd.Function):
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
         y, dq, e, dlamb = mesa_bwd_solve(
             k, v, g, beta, lamb, h_kk, h_kv, q_star, do, opts.scale, opts.cg_steps, opts.cg_tol, BT, prec,
-            cg_prec, ctx.q_dtype, launch=SolveLaunch.from_tuning(TUNING),
+            cg_prec, ctx.q_dtype, launch=SolveLaunch.from_tuning(TUNING, backward=True),
         )
         warps = int(TUNING["state_warps"])
         # K x K state: its chunk term is -(Y ⊙ d)^T Q*; K x V state: (Q* ⊙ d)^T dO

@@ -127,6 +127,9 @@ def mesa_bwd_solve_kernel(
     tl.store(dlamb + (part.to(tl.int64) * H + i_h) * K + o_k, -tl.sum(b_y * b_x, axis=0), mask=o_k < K)
 
 
+OPERANDS = ("fp32", "fp16_scaled", "fp16_normed")  # TUNING["cg_operands"]; the index is the HALF constexpr
+
+
 @dataclass(frozen=True)
 class SolveLaunch:
     """Launch settings of the CG kernels (TUNING in triton_function.py picks them).
@@ -137,37 +140,40 @@ class SolveLaunch:
     never out of the tolerance loop); weights_scan: segment sums by a running sum instead
     of an fp32 FMA product (chunk_weights); diag_cg_prec: diag(M) (the Jacobi start only)
     at the CG loop's dot precision instead of fp32 FMAs (the same for fp32 inputs);
-    half_operands: the CG mat-vecs on scaled fp16 operands (triton_system.matvec_half; the
-    resident path only, 16-bit inputs only: fp32 inputs keep true fp32 products)."""
+    operands: the CG mat-vecs' operands, "fp32" (tiles at the CG dot precision) or fp16
+    scaled per row, by its largest entry ("fp16_scaled", triton_system.matvec_half) or by a
+    norm the CG loop carries ("fp16_normed", matvec_normed: no row reductions per mat-vec);
+    the fp16 forms need the resident path and apply to 16-bit inputs only (fp32 inputs keep
+    true fp32 products)."""
 
     rows: int = 64
     num_warps: int = 8
     resident: bool = True
     weights_scan: bool = False
     diag_cg_prec: bool = False
-    half_operands: bool = False
+    operands: str = "fp32"
 
     def __post_init__(self):
-        if self.half_operands and not self.resident:
-            raise ValueError("mesa TUNING: cg_operands='fp16_scaled' needs resident=1")
+        if self.operands not in OPERANDS:
+            raise ValueError(f"mesa TUNING: cg_operands must be one of {OPERANDS}, got {self.operands!r}")
+        if self.operands != "fp32" and not self.resident:
+            raise ValueError(f"mesa TUNING: cg_operands={self.operands!r} needs resident=1")
 
     @classmethod
-    def from_tuning(cls, tuning: Mapping[str, object]) -> SolveLaunch:
-        """From TUNING-style entries: rows, solve_warps, resident, weights_scan, diag_prec,
-        cg_operands ("fp32" or "fp16_scaled"; absent: fp32)."""
-        operands = tuning.get("cg_operands", "fp32")
-        if operands not in ("fp32", "fp16_scaled"):
-            raise ValueError(f"mesa TUNING: cg_operands must be 'fp32' or 'fp16_scaled', got {operands!r}")
+    def from_tuning(cls, tuning: Mapping[str, object], backward: bool = False) -> SolveLaunch:
+        """From TUNING-style entries: rows (bwd_rows for the backward where present),
+        solve_warps, resident, weights_scan, diag_prec, cg_operands (absent: fp32)."""
+        rows = tuning["bwd_rows"] if backward and "bwd_rows" in tuning else tuning["rows"]
         return cls(
-            rows=int(tuning["rows"]), num_warps=int(tuning["solve_warps"]), resident=bool(tuning["resident"]),
+            rows=int(rows), num_warps=int(tuning["solve_warps"]), resident=bool(tuning["resident"]),
             weights_scan=bool(tuning["weights_scan"]), diag_cg_prec=tuning["diag_prec"] == "cg",
-            half_operands=operands == "fp16_scaled",
+            operands=str(tuning.get("cg_operands", "fp32")),
         )
 
     def constexprs(self, cg_prec: str) -> dict:
         return {"RESIDENT": self.resident, "SCAN": self.weights_scan,
                 "DIAG_PREC": cg_prec if self.diag_cg_prec else "ieee",
-                "HALF": self.half_operands and cg_prec != "ieee"}
+                "HALF": OPERANDS.index(self.operands) if cg_prec != "ieee" else 0}
 
 
 def _tol2(tol: float | None) -> float:

@@ -33,6 +33,10 @@ from kernels.common.triton.tiles import load_tile, load_tile_t
 
 LOG2E_CONST = tl.constexpr(1.4426950408889634)
 FP32_TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal fp32: guards the CG divisions
+# below this bound on ||p|| a row's CG has converged past fp32 (its squares flush to zero on
+# the GPU, so ||r||^2 reads 0 while r is not): matvec_normed drops such a p instead of
+# scaling it by 1 / FP32_TINY into fp16 infinities
+NORM_FLOOR = tl.constexpr(1e-18)
 
 
 @triton.jit
@@ -183,6 +187,38 @@ def matvec_half(b_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb):
 
 
 @triton.jit
+def matvec_normed(b_p, s_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb):
+    """matvec_half without its two row-max reductions per call: p is scaled by s_p [BR], an
+    upper bound of each row's 2-norm that the CG loop carries (cg_update_normed), so p / s_p
+    has entries of at most 1; then (k_j . p_i / s_p) W_ij is bounded by the keys' tile-scaled
+    norms (at most sqrt(K), W <= 1) and goes to fp16 unscaled. Same 11 significant bits for
+    every entry within 2^14 of its row's largest, give or take the bound's slack (< 2.5x).
+    A row with s_p <= NORM_FLOOR has converged: its mat-vec is lamb * p alone."""
+    b_inv = tl.where(s_p > NORM_FLOOR, 1.0 / tl.maximum(s_p, NORM_FLOOR), 0.0)
+    b_p16 = (b_p * b_inv[:, None]).to(tl.float16)
+    b_mp = tl.dot(b_p16, b_h0t16) * (s_p * s_h * b_d)[:, None]
+    b_a16 = (tl.dot(b_p16, tl.trans(b_k16)) * b_w).to(tl.float16)
+    b_mp += tl.dot(b_a16, b_k16) * (s_p * s_k * s_k)[:, None]
+    return b_mp + b_p * b_lamb[None, :]
+
+
+@triton.jit
+def cg_update_normed(b_x, b_r, b_p, b_rr, b_s, b_mp):
+    """cg_update that also carries b_s >= ||p_i||, the scale of matvec_normed, with no
+    reduction over the row: p <- r + beta p gives ||p|| <= ||r|| + beta ||p|| (the triangle
+    inequality, whatever orthogonality CG has lost in rounding; the norm recurrence
+    ||r||^2 + beta^2 ||p||^2 assumes r orthogonal to p and underestimated ||p|| enough on the
+    H200 to overflow fp16). The bound stays within 1 / (sqrt(2) - 1) ~ 2.4x of ||p||."""
+    b_alpha = b_rr / tl.maximum(tl.sum(b_p * b_mp, axis=1), FP32_TINY)
+    b_x += b_alpha[:, None] * b_p
+    b_r -= b_alpha[:, None] * b_mp
+    b_rr_next = tl.sum(b_r * b_r, axis=1)
+    b_beta = b_rr_next / tl.maximum(b_rr, FP32_TINY)
+    b_p = b_r + b_beta[:, None] * b_p
+    return b_x, b_r, b_p, b_rr_next, tl.sqrt(b_rr_next) + b_beta * b_s
+
+
+@triton.jit
 def cg_update(b_x, b_r, b_p, b_rr, b_mp):
     """One conjugate-gradient update of every row (each row is its own system) given the
     rows M_i p_i in b_mp; b_rr holds ||r_i||^2. Returns x, r, p and the new ||r_i||^2."""
@@ -229,12 +265,15 @@ def cg_solve(b_b, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, b_diag, steps, tol2,
 
 @triton.jit
 def cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
-                   HAS_TOL: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr = False):
+                   HAS_TOL: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr = 0):
     """cg_solve on the resident path: the same start, iterations and stop, with H0^T [BK, BK]
     and the keys [BT, BK] (fp32) loaded once by the caller and held on chip across all
-    iterations, so an iteration does no global reads. HALF: the mat-vecs on scaled fp16
-    operands (matvec_half) instead of PREC dots on fp32 tiles."""
-    if HALF:
+    iterations, so an iteration does no global reads. HALF: 0, PREC dots on fp32 tiles; 1,
+    the mat-vecs on scaled fp16 operands (matvec_half, rows scaled by their largest entry);
+    2, the same with rows scaled by their carried norm (matvec_normed)."""
+    if HALF == 2:
+        return cg_solve_normed(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL)
+    if HALF == 1:
         b_h0t16, s_h = scaled_half(b_h0t, None)
         b_k16, s_k = scaled_half(b_k, None)
         b_x = b_b / b_diag
@@ -248,7 +287,7 @@ def cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
         b_stop = tol2 * tl.sum(b_b * b_b, axis=1)
         i = steps * 0
         while (i < steps) & (tl.max(b_rr - b_stop, axis=0) > 0):
-            if HALF:
+            if HALF == 1:
                 b_mp = matvec_half(b_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
             else:
                 b_mp = matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
@@ -256,9 +295,35 @@ def cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
             i += 1
     else:
         for _ in range(steps):
-            if HALF:
+            if HALF == 1:
                 b_mp = matvec_half(b_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
             else:
                 b_mp = matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
             b_x, b_r, b_p, b_rr = cg_update(b_x, b_r, b_p, b_rr, b_mp)
+    return b_x
+
+
+@triton.jit
+def cg_solve_normed(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL: tl.constexpr):
+    """cg_solve_tiles with HALF = 2: the start's scale is its true norm (one reduction, once),
+    every later one the bound on ||p|| carried by cg_update_normed."""
+    b_h0t16, s_h = scaled_half(b_h0t, None)
+    b_k16, s_k = scaled_half(b_k, None)
+    b_x = b_b / b_diag
+    s_x = tl.sqrt(tl.sum(b_x * b_x, axis=1))
+    b_r = b_b - matvec_normed(b_x, s_x, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
+    b_p = b_r
+    b_rr = tl.sum(b_r * b_r, axis=1)
+    b_s = tl.sqrt(b_rr)  # ||p|| exactly, at the start (p = r)
+    if HAS_TOL:
+        b_stop = tol2 * tl.sum(b_b * b_b, axis=1)
+        i = steps * 0
+        while (i < steps) & (tl.max(b_rr - b_stop, axis=0) > 0):
+            b_mp = matvec_normed(b_p, b_s, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
+            b_x, b_r, b_p, b_rr, b_s = cg_update_normed(b_x, b_r, b_p, b_rr, b_s, b_mp)
+            i += 1
+    else:
+        for _ in range(steps):
+            b_mp = matvec_normed(b_p, b_s, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
+            b_x, b_r, b_p, b_rr, b_s = cg_update_normed(b_x, b_r, b_p, b_rr, b_s, b_mp)
     return b_x

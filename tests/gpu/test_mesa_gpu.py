@@ -1,9 +1,10 @@
 """MesaNet's Triton backend on a CUDA GPU (DESIGN §8, §9).
 
-bf16 at T = 32k and 2100 with K = V = 128 against the chunked PyTorch form (kernels/mesa/chunked.py)
+bf16 at T = 32k, 8192 and 2100 with K = V = 128 against the chunked PyTorch form (kernels/mesa/chunked.py)
 run in fp64 on the same GPU with the same cg_steps (the same algorithm, so agreement is
 tight), bf16 at a short T against the exact per-token reference, and fp32 at awkward
-K, V with a CG tolerance against the exact reference. Each output and each gradient (q, k,
+K, V with a CG tolerance against the exact reference; the CG operand forms other than the
+default (TUNING["cg_operands"]) on cases of their own. Each output and each gradient (q, k,
 v, g, beta, lamb, both initial states) is its own test item; every buffer the kernels
 write starts as NaN. Skipped without CUDA, and in a session where TRITON_INTERPRET is set
 (run tests/gpu in a pytest session of its own). Errors are printed (-s) and, when
@@ -33,6 +34,15 @@ CASES = {
     "bf16_T2100_strong_vs_chunked": (2, 2100, 2, 128, 128, torch.bfloat16, "strong", "chunked", {"cg_steps": 30}),
     "fp32_T300_K100_V60_tol_vs_exact": (
         2, 300, 3, 100, 60, torch.float32, "near0", "reference", {"cg_steps": 100, "cg_tol": 1e-7}),
+    # each CG operand form (TUNING["cg_operands"]) named, whatever the default
+    "bf16_T8192_fp16_normed_vs_chunked": (
+        1, 8192, 2, 128, 128, torch.bfloat16, "near0", "chunked", {"cg_steps": 30, "tuning": {"cg_operands": "fp16_normed"}}),
+    "bf16_T2100_strong_fp16_normed_vs_chunked": (
+        2, 2100, 2, 128, 128, torch.bfloat16, "strong", "chunked", {"cg_steps": 30, "tuning": {"cg_operands": "fp16_normed"}}),
+    "bf16_T8192_fp16_scaled_vs_chunked": (
+        1, 8192, 2, 128, 128, torch.bfloat16, "near0", "chunked", {"cg_steps": 30, "tuning": {"cg_operands": "fp16_scaled"}}),
+    "bf16_T8192_fp32_operands_vs_chunked": (
+        1, 8192, 2, 128, 128, torch.bfloat16, "near0", "chunked", {"cg_steps": 30, "tuning": {"cg_operands": "fp32"}}),
 }
 QUANTITIES = ("o", "h_kk", "h_kv", "dq", "dk", "dv", "dg", "dbeta", "dlamb", "dh_kk0", "dh_kv0")
 
@@ -78,7 +88,11 @@ def errors_of(case: str) -> dict:
     from kernels.mesa.state import MesaState
     from kernels.mesa.triton_op import mesa_triton
 
+    from kernels.mesa import triton_function
+
     B, T, H, K, V, dtype, gates, reference, options = CASES[case]
+    options = dict(options)
+    tuning = options.pop("tuning", {})
     base = make_inputs(B, T, H, K, V, gates)
     scale = K**-0.5
     # q, k, v in the case's dtype; g, beta, lamb, states fp32 (as a layer would pass them)
@@ -97,10 +111,14 @@ def errors_of(case: str) -> dict:
         return mesa_reference(*x[:6], scale, initial_state=MesaState(*x[6:]), output_final_state=True)
 
     utils.DEBUG.poison = True
+    saved = dict(triton_function.TUNING)
+    triton_function.TUNING.update(tuning)
     try:
         got, cotangents = _outputs_and_grads(run_ours, ours)
     finally:
         utils.DEBUG.poison = False
+        triton_function.TUNING.clear()
+        triton_function.TUNING.update(saved)
     want, _ = _outputs_and_grads(run_ref, ref, cotangents)
     errors = {name: rel_err(a, b) for name, a, b in zip(QUANTITIES, got, want)}
     record_gpu_errors(case, errors)

@@ -64,8 +64,11 @@ def check(leaves, dtype, tol, **options):
 
 @pytest.fixture(params=[0, 1], ids=["streaming", "resident"])
 def resident(request, monkeypatch):
-    """Runs a test with each form of the CG loop (H0 and keys re-read per mat-vec, or on chip)."""
+    """Runs a test with each form of the CG loop (H0 and keys re-read per mat-vec, or on chip;
+    the streaming one on fp32 operands, the only ones it has)."""
     monkeypatch.setitem(triton_function.TUNING, "resident", request.param)
+    if not request.param:
+        monkeypatch.setitem(triton_function.TUNING, "cg_operands", "fp32")
     return request.param
 
 
@@ -99,33 +102,57 @@ def test_fp16_half_chunk_rows(monkeypatch, resident):
     check(leaves, torch.float16, TOL[torch.float16], cg_steps=32)
 
 
+@pytest.mark.parametrize("operands", ["fp32", "fp16_scaled", "fp16_normed"])
 @pytest.mark.parametrize("rows", [64, 32])
-def test_fp16_scaled_cg_operands(monkeypatch, rows):
-    """TUNING["cg_operands"] = "fp16_scaled" (off by default until timed on a GPU): fp16
-    inputs, the CG mat-vecs on scaled fp16 operands, against the exact fp64 solve."""
-    monkeypatch.setitem(triton_function.TUNING, "cg_operands", "fp16_scaled")
+def test_cg_operands(monkeypatch, rows, operands):
+    """Each TUNING["cg_operands"] form at both block heights, fp16 inputs, against the exact
+    fp64 solve."""
+    monkeypatch.setitem(triton_function.TUNING, "cg_operands", operands)
     monkeypatch.setitem(triton_function.TUNING, "rows", rows)
+    monkeypatch.setitem(triton_function.TUNING, "bwd_rows", 96 - rows)  # the backward at the other height
     check(make_inputs(1, 80, 1, 16, 16, seed=6), torch.float16, TOL[torch.float16], cg_steps=32)
 
 
-def test_fp16_scaled_cg_operands_ill_conditioned(monkeypatch):
+@pytest.mark.parametrize("operands", ["fp16_scaled", "fp16_normed"])
+def test_fp16_cg_operands_ill_conditioned(monkeypatch, operands):
     """Small lamb with a tolerance stop: fp16 inputs then miss the fp16 tolerance on either
-    path (the systems amplify the states' 16-bit rounding, ~7e-3 on o), so the scaled-fp16
+    path (the systems amplify the states' 16-bit rounding, ~7e-3 on o), so the fp16
     mat-vecs are held to the fp32-operand path's own errors instead: at most twice them."""
     leaves = make_inputs(1, 70, 1, 16, 16, seed=8, lamb=(0.02, 0.05))
     ref = run(leaves, F64, "reference")
+    monkeypatch.setitem(triton_function.TUNING, "cg_operands", "fp32")
     fp32_ops = run(leaves, torch.float16, "triton", cg_steps=48, cg_tol=1e-7)
-    monkeypatch.setitem(triton_function.TUNING, "cg_operands", "fp16_scaled")
+    monkeypatch.setitem(triton_function.TUNING, "cg_operands", operands)
     half_ops = run(leaves, torch.float16, "triton", cg_steps=48, cg_tol=1e-7)
     for name, a, b, r in zip(NAMES, half_ops, fp32_ops, ref):
         assert rel_err(a, r) <= max(2 * rel_err(b, r), TOL[torch.float16]), name
 
 
-def test_fp16_scaled_cg_operands_needs_resident(monkeypatch):
+def test_fp16_normed_long_after_convergence(monkeypatch):
+    """fp16_normed run far past convergence (200 steps): the recursive residual of a row
+    shrinks towards fp32's underflow, where the H200 flushed ||r||^2 to zero while r was not
+    and the scale 1 / ||p|| turned p into fp16 infinities (NaN in 55% of rows at 30 steps, not
+    at 10). Such a p must be dropped (NORM_FLOOR), never scaled: every output and gradient
+    stays finite and as close to the exact solve as the fp16_scaled form's. The interpreter
+    keeps subnormals, so it cannot show the GPU's failure itself; it checks that rows which
+    reach the floor (some do here: their s_p reaches 0) come out right."""
+    leaves = make_inputs(1, 70, 1, 32, 16, seed=12)
+    ref = run(leaves, F64, "reference")
+    monkeypatch.setitem(triton_function.TUNING, "cg_operands", "fp16_scaled")
+    scaled = run(leaves, torch.float16, "triton", cg_steps=200)
+    monkeypatch.setitem(triton_function.TUNING, "cg_operands", "fp16_normed")
+    normed = run(leaves, torch.float16, "triton", cg_steps=200)
+    for name, a, b, r in zip(NAMES, normed, scaled, ref):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, r) <= max(2 * rel_err(b, r), TOL[torch.float16]), name
+
+
+def test_fp16_cg_operands_need_resident(monkeypatch):
     from kernels.mesa.triton_solve import SolveLaunch
 
-    with pytest.raises(ValueError, match="resident"):
-        SolveLaunch.from_tuning({**triton_function.TUNING, "cg_operands": "fp16_scaled", "resident": 0})
+    for operands in ("fp16_scaled", "fp16_normed"):
+        with pytest.raises(ValueError, match="resident"):
+            SolveLaunch.from_tuning({**triton_function.TUNING, "cg_operands": operands, "resident": 0})
     with pytest.raises(ValueError, match="cg_operands"):
         SolveLaunch.from_tuning({**triton_function.TUNING, "cg_operands": "bf16"})
 
@@ -148,6 +175,7 @@ def test_resident_matches_streaming(monkeypatch, cg_steps, cg_tol):
     and every gradient agree to rounding, far closer than either is to the exact solve."""
     leaves = make_inputs(1, 70, 1, 32, 16, seed=11)
     results = []
+    monkeypatch.setitem(triton_function.TUNING, "cg_operands", "fp32")  # the streaming form's only one
     for mode in (0, 1):
         monkeypatch.setitem(triton_function.TUNING, "resident", mode)
         results.append(run(leaves, torch.float32, "triton", chunk_size=32, cg_steps=cg_steps, cg_tol=cg_tol))
