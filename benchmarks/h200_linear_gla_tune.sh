@@ -12,6 +12,9 @@
 # returns files of 16 MB at most); copy them into .triton_cache_parts/ (ignored by git) and
 # carry that folder to start a later call, on a fresh machine, with FLA's kernels compiled:
 #   carry=[".whl", ".triton_cache_parts"]
+# FLA_WARM_S (default 0: off): first compile FLA's autotuned chunk_gla kernels in FLA_WARM_PROCS
+# parallel processes into that cache (benchmarks/fla_warm_compile.py), so that the rows'
+# same-process FLA autotuning finds them compiled.
 # TESTS_S / LIN_GDN_S / TUNE_S / ROWS_S: stage limits (s); TESTS: the GPU test files;
 # ROWS_OPS / TUNE_T: ops and lengths.
 # VARIANTS: JSON list of LAUNCH overrides (kernels/common/triton/launch.py).
@@ -29,6 +32,10 @@ if ls .triton_cache_parts/triton_cache.tgz.part-* >/dev/null 2>&1; then
 fi
 trap 'tar czf - .triton_cache 2>/dev/null | split -b 15m - "$OUT/triton_cache.tgz.part-"; ls -la "$OUT"' EXIT
 
+if [ "${FLA_WARM_S:-0}" -gt 0 ]; then
+    timeout -s INT "${FLA_WARM_S}" python3 benchmarks/fla_warm_compile.py --op gla_vector \
+        --procs "${FLA_WARM_PROCS:-14}" 2>&1 | grep -v "^\s*$" | tail -n 20 | tee "$OUT/fla_warm.log"
+fi
 TESTS=${TESTS:-tests/gpu/test_linear_gla_gpu.py tests/gpu/test_step_gpu.py}
 if [ "${TESTS_S:-150}" -gt 0 ]; then
     # shellcheck disable=SC2086

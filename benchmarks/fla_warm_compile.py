@@ -1,0 +1,101 @@
+"""Compile FLA's autotuned kernels in parallel before a benchmark times FLA.
+
+FLA 0.6.0's chunk_gla autotunes a few hundred Triton configurations on its first call and
+compiles each one in turn: on the H200 device that outlasted a 10-minute call (three tries).
+Compiling is CPU work and Triton caches every compiled kernel on disk (TRITON_CACHE_DIR), so
+this script starts N worker processes; worker i keeps every N-th configuration of each FLA
+autotuner (from the i-th on) and runs the op forward and backward once at the benchmark's
+shape, which compiles its share into the shared cache. The benchmark that follows then
+autotunes over ALL of FLA's configurations as usual, benchmarking each on an idle GPU, and
+finds them compiled: FLA's choice of configuration is unchanged, only the wait is shorter.
+
+    TRITON_CACHE_DIR=$PWD/.triton_cache python benchmarks/fla_warm_compile.py --op gla_vector --procs 14
+
+Comparison tooling only (FLA is never a dependency of the harness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def shard_autotuners(modules, index: int, count: int) -> int:
+    """Keep configurations index, index + count, ... of every triton Autotuner found as an
+    attribute of `modules` (at least one each, so every kernel still compiles). Returns how
+    many configurations this shard kept in all."""
+    from triton.runtime.autotuner import Autotuner
+
+    if not 0 <= index < count:
+        raise ValueError(f"shard index {index} is not in [0, {count})")
+    kept, seen = 0, set()
+    for module in modules:
+        for name in dir(module):
+            tuner = getattr(module, name)
+            if not isinstance(tuner, Autotuner) or id(tuner) in seen:
+                continue
+            seen.add(id(tuner))
+            configs = list(tuner.configs)
+            share = configs[index::count] or ([configs[index % len(configs)]] if configs else [])
+            tuner.configs = share
+            kept += len(share)
+    return kept
+
+
+def fla_modules() -> list:
+    """Every FLA module loaded so far (after importing an op: the modules of its kernels)."""
+    return [module for name, module in list(sys.modules.items()) if name == "fla" or name.startswith("fla.")]
+
+
+def worker(op: str, T: int, index: int, count: int) -> None:
+    import torch
+
+    from benchmarks.bench_linear_gla import fla_impl, make_inputs
+
+    fn = fla_impl(op)  # imports the op, and with it the modules of its kernels
+    kept = shard_autotuners(fla_modules(), index, count)
+    q, k, v, g = (None if t is None else t.requires_grad_(True) for t in make_inputs(T, op))
+    started = time.time()
+    o = fn(q, k, v, g)[0]
+    try:
+        torch.autograd.grad(o, [t for t in (q, k, v, g) if t is not None], torch.randn_like(o))
+    except RuntimeError as e:  # FLA refuses some backwards on this Triton: its forward is compiled
+        print(f"shard {index}: backward raised {type(e).__name__}: {str(e)[:120]}", flush=True)
+    torch.cuda.synchronize()
+    print(f"shard {index}/{count}: {kept} configurations compiled in {time.time() - started:.0f} s", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--op", default="gla_vector", choices=["gla_vector", "gla_scalar", "linear"])
+    ap.add_argument("--T", type=int, default=2048, help="sequence length of the warm-up call (the "
+                    "autotuning keys of these kernels do not depend on it)")
+    ap.add_argument("--procs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if not os.environ.get("TRITON_CACHE_DIR"):
+        sys.exit("fla_warm_compile: set TRITON_CACHE_DIR to the cache the benchmark will use")
+    if args.shard is not None:
+        worker(args.op, args.T, args.shard, args.procs)
+        return
+    started = time.time()
+    procs = [subprocess.Popen([sys.executable, __file__, "--op", args.op, "--T", str(args.T),
+                               "--procs", str(args.procs), "--shard", str(i)]) for i in range(args.procs)]
+    try:
+        failed = [i for i, p in enumerate(procs) if p.wait() != 0]
+    except KeyboardInterrupt:  # a stage limit (timeout -s INT): stop the workers too
+        for p in procs:
+            p.terminate()
+        raise
+    print(f"fla_warm_compile: {args.op}, {args.procs} processes, {time.time() - started:.0f} s"
+          + (f"; shards {failed} failed" if failed else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The sharding of benchmarks/fla_warm_compile.py: each worker compiles its share of every
+autotuner's configurations, the shares cover all of them, and none is left empty."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+triton = pytest.importorskip("triton")
+import triton.language as tl
+
+from benchmarks.fla_warm_compile import shard_autotuners
+
+
+@triton.jit
+def _copy(x, y, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(y + o, tl.load(x + o))
+
+
+def fake_module():
+    module = types.ModuleType("fake_fla_module")
+    module.big = triton.autotune([triton.Config({"BLOCK": 16}, num_warps=w) for w in (1, 2, 4, 8, 16)], key=[])(_copy)
+    module.small = triton.autotune([triton.Config({"BLOCK": 32}, num_warps=4)], key=[])(_copy)
+    module.alias = module.big  # the same autotuner twice: sharded once
+    module.other = 3
+    return module
+
+
+def test_shards_cover_every_configuration_once():
+    shares = []
+    for index in range(3):
+        module = fake_module()
+        kept = shard_autotuners([module], index, 3)
+        assert len(module.small.configs) == 1  # fewer configurations than shards: one each
+        assert kept == len(module.big.configs) + 1
+        shares.append([c.num_warps for c in module.big.configs])
+    assert shares == [[1, 8], [2, 16], [4]]
+
+
+def test_bad_shard_index():
+    with pytest.raises(ValueError, match="shard index"):
+        shard_autotuners([fake_module()], 3, 3)
