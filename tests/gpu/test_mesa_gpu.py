@@ -83,12 +83,11 @@ def _outputs_and_grads(fn, leaves, cotangents=None):
 def errors_of(case: str) -> dict:
     """Errors of every output and gradient of one case against its fp64 reference."""
     from kernels.common.triton import utils
+    from kernels.mesa import triton_function
     from kernels.mesa.chunked import mesa_chunked
     from kernels.mesa.reference import mesa_reference
     from kernels.mesa.state import MesaState
     from kernels.mesa.triton_op import mesa_triton
-
-    from kernels.mesa import triton_function
 
     B, T, H, K, V, dtype, gates, reference, options = CASES[case]
     options = dict(options)
