@@ -195,17 +195,13 @@ def _dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, 
 
 
 @triton.jit
-def gla_bwd_dqkg_kernel(
-    q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT,
+def _dqkg_chunk(
+    q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT, i_k, i_t, i_bh, seq, t0, last,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, PATHS: tl.constexpr,
 ):
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    seq = i_b.to(tl.int64) * T * H + i_h
-    t0 = i_t * BT
-    last = tl.minimum(t0 + BT, T) - 1
+    """dq, dk, dg of one chunk's K-block (gla_bwd_dqkg_kernel's program)."""
     o_i = tl.arange(0, BT)  # position in the chunk
     o_t = t0 + o_i
     m_t = o_t < T
@@ -232,12 +228,14 @@ def gla_bwd_dqkg_kernel(
     b_dA = tl.where(o_i[:, None] >= o_i[None, :], b_dA, 0.0) * scale
 
     # --- intra-chunk part: one factored dot pair when the gates are mild, else sub-chunks
-    if tl.max(b_gfirst - b_glast, axis=0) <= span:
-        b_kg = (b_k * tl.exp2(b_gfirst[None, :] - b_g)).to(b_k.dtype)
-        b_qg = (b_q * tl.exp2(b_g - b_gfirst[None, :])).to(b_q.dtype)
-        b_dAc = b_dA.to(b_k.dtype)
-        b_dq = tl.dot(b_dAc, b_kg, input_precision=DOT_PREC) * tl.exp2(b_g - b_gfirst[None, :])
-        b_dk = tl.dot(tl.trans(b_dAc), b_qg, input_precision=DOT_PREC) * tl.exp2(b_gfirst[None, :] - b_g)
+    # (PATHS 1 / 2: the launch has sorted the chunks already, only one path is compiled)
+    if PATHS == 1:
+        b_dq, b_dk = _dqk_intra_factored(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC)
+    elif PATHS == 2:
+        b_dq, b_dk = _dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k,
+                                      i_k, T, H, K, BT, BC, BK, DOT_PREC)
+    elif tl.max(b_gfirst - b_glast, axis=0) <= span:
+        b_dq, b_dk = _dqk_intra_factored(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC)
     else:
         b_dq, b_dk = _dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k,
                                       i_k, T, H, K, BT, BC, BK, DOT_PREC)
@@ -255,6 +253,50 @@ def gla_bwd_dqkg_kernel(
     store_tile(dq + seq * K, b_dq, t0, i_k * BK, T, K, H * K, BT, BK)
     store_tile(dk + seq * K, b_dk, t0, i_k * BK, T, K, H * K, BT, BK)
     store_tile(dg + seq * K, b_dg, t0, i_k * BK, T, K, H * K, BT, BK)
+
+
+@triton.jit
+def _dqk_intra_factored(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC: tl.constexpr):
+    """The fast path's intra-chunk dq, dk: one dot each around the chunk's first row."""
+    b_kg = (b_k * tl.exp2(b_gfirst[None, :] - b_g)).to(b_k.dtype)
+    b_qg = (b_q * tl.exp2(b_g - b_gfirst[None, :])).to(b_q.dtype)
+    b_dAc = b_dA.to(b_k.dtype)
+    b_dq = tl.dot(b_dAc, b_kg, input_precision=DOT_PREC) * tl.exp2(b_g - b_gfirst[None, :])
+    b_dk = tl.dot(tl.trans(b_dAc), b_qg, input_precision=DOT_PREC) * tl.exp2(b_gfirst[None, :] - b_g)
+    return b_dq, b_dk
+
+
+@triton.jit
+def gla_bwd_dqkg_kernel(
+    q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT_PREC: tl.constexpr, PATHS: tl.constexpr,
+):
+    """One program per (K-block, chunk, head). PATHS 0: each program takes the fast or the
+    exact path for its chunk; 1 (2): only programs whose chunk takes the fast (exact) path
+    do any work, so a pair of launches covers every chunk once, each compiled for one path
+    with its own num_warps."""
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = i_b.to(tl.int64) * T * H + i_h
+    t0 = i_t * BT
+    last = tl.minimum(t0 + BT, T) - 1
+    if PATHS == 0:
+        _dqkg_chunk(q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT, i_k, i_t, i_bh, seq, t0, last,
+                    H, K, V, BT, BC, BK, BV, DOT_PREC, PATHS)
+    else:
+        # the same test as load_chunk_qkg's rows make in _dqkg_chunk (PATHS 0)
+        b_span = tl.max(load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
+                        - load_row(gamma + seq * K, last, i_k * BK, T, K, H * K, BK), axis=0)
+        if PATHS == 1:
+            if b_span <= span:
+                _dqkg_chunk(q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT, i_k, i_t, i_bh, seq, t0,
+                            last, H, K, V, BT, BC, BK, BV, DOT_PREC, PATHS)
+        else:
+            if b_span > span:
+                _dqkg_chunk(q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT, i_k, i_t, i_bh, seq, t0,
+                            last, H, K, V, BT, BC, BK, BV, DOT_PREC, PATHS)
 
 
 def gla_bwd_dqkg(
@@ -276,9 +318,17 @@ def gla_bwd_dqkg(
     dk = new_buffer((B, T, H, K), k.dtype, k.device)
     dg = new_buffer((B, T, H, K), torch.float32, q.device)
     grid = (triton.cdiv(K, BK), NT, B * H)
-    gla_bwd_dqkg_kernel[grid](
-        q, k, v, gamma, h, do, dh, dq, dk, dg, scale, factored_span(q.dtype), T, NT,
-        H=H, K=K, V=V, BT=BT, BC=min(SUB_CHUNK, BT), BK=BK, BV=BV,
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
-    )
+    span = factored_span(q.dtype)
+    # split_paths: the fast and the exact chunks as two launches with their own warps (an
+    # exact-only dtype, span < 0, needs just the one); else one launch choosing per chunk
+    launches = [(0, cfg)]
+    if cfg["split_paths"]:
+        exact = (2, LAUNCH["bwd_dqkg_exact"])
+        launches = [exact] if span < 0 else [(1, cfg), exact]
+    for paths, launch in launches:
+        gla_bwd_dqkg_kernel[grid](
+            q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT,
+            H=H, K=K, V=V, BT=BT, BC=min(SUB_CHUNK, BT), BK=BK, BV=BV, DOT_PREC=dot_precision(q.dtype),
+            PATHS=paths, num_warps=warps(launch["num_warps"]), num_stages=launch["num_stages"],
+        )
     return dq, dk, dg

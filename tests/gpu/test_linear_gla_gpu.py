@@ -124,3 +124,15 @@ def test_fp16_and_large_head_dims(gate):
     tensors, h0 = make_inputs(1, 1500, 2, 256, 256, torch.float16, gate, "near0", seed=3)
     errors = check_against_fp64(tensors, h0, TOL[torch.float16], label=f"fp16 K=V=256 gate={gate}")
     assert_each(errors, TOL[torch.float16])
+
+
+@pytest.mark.parametrize("gate_kind", ["near0", "strong"])
+def test_bf16_vector_split_launches(monkeypatch, gate_kind):
+    """LAUNCH["bwd_dqkg"]["split_paths"] (off by default until timed): the fast and the
+    exact chunks of the vector-gate backward in two launches with their own warps."""
+    from kernels.common.triton.launch import LAUNCH
+
+    monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=1))
+    tensors, h0 = make_inputs(1, 8192, 2, 128, 128, torch.bfloat16, "vector", gate_kind, seed=91)
+    errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 split T=8192 gate=vector/{gate_kind}")
+    assert_each(errors, TOL[torch.bfloat16])

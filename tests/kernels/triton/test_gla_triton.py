@@ -7,6 +7,8 @@ write starts as NaN (conftest)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,6 +68,25 @@ def test_vector_gate_mixed_chunks(compare):
     g[:, 64:] *= 40.0  # per-token gates down to about -50: a chunk's span far beyond 2^32
     tensors["g"] = g
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32_both_launches", "fp16_exact_only"])
+def test_vector_gate_split_launches(compare, monkeypatch, dtype):
+    """LAUNCH["bwd_dqkg"]["split_paths"]: the backward's fast and exact chunks as two
+    launches (each program of one does nothing where its chunk belongs to the other; fp16,
+    which never factors, launches the exact one alone). Mixed chunks as above: every chunk
+    written once (buffers start as NaN), every gradient right."""
+    from kernels.common.triton.launch import LAUNCH
+
+    monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=1))
+    tensors, h0 = make_inputs(1, 200, 2, 16, 16, dtype, vector=True, seed=16)
+    g = tensors["g"].clone()
+    g[:, 64:128] *= 40.0  # the second chunk exact, the others fast (fp32)
+    tensors["g"] = g
+    # log2-unit decay across each chunk (the kernels' test): only the second is beyond 2^32
+    spans = [float(-g[:, t0:t0 + 64].float().sum(1).max()) / math.log(2) for t0 in (0, 64, 128)]
+    assert spans[1] > 32 > max(spans[0], spans[2])
+    compare(gated_linear_attention, tensors, h0, TOL[dtype])
 
 
 @pytest.mark.parametrize("span", [-1.0, 1e9], ids=["never_factored", "always_factored"])
