@@ -8,7 +8,7 @@ Shapes (as in /work/shared/anchors): B*T = 65,536 tokens, H = 16, K = V = 128, b
 (FLA's default max_CG_iteration). Sections, in the order they run, the JSON rewritten after
 each so a run cut short keeps what it measured:
   sweep     time of the forward and backward solve kernels for each VARIANT at T = 8192,
-            q*, o and y checked against the first variant's (the GPU-tested streaming CG),
+            q*, o and y checked against the first variant's (fp32 operands),
             with the compiled kernels' registers, spills and shared memory; the correct one
             with the least fwd + bwd time is "fast" (JSON: tuning_fast, fast_variant)
   rows      per T (curve after the first T, accuracy last): fwd and fwd+bwd medians (triton.testing.do_bench) of ours (default and
@@ -49,15 +49,15 @@ from kernels.mesa.triton_states import mesa_fwd_states
 
 CG_STEPS = 30
 # the TUNING entries a sweep variant sets (a variant leaving one out takes TUNING's)
-SWEEP_KEYS = ("resident", "rows", "solve_warps", "weights_scan", "diag_prec", "cg_operands")
+SWEEP_KEYS = ("rows", "solve_warps", "weights_scan", "diag_prec", "cg_operands")
 FAST_PROLOGUE = {"weights_scan": 1, "diag_prec": "cg"}  # no fp32 FMA dots before the CG loop
 VARIANTS = [  # settings of the CG kernels tried in the sweep; the first is the reference of the checks
-    # fp32 operands: the path GPU-tested in session 3 (earlier sweeps: variants_mesa.json)
-    {"resident": 1, "rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp32"},
-    {"resident": 1, "rows": 64, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_scaled"},
-    {"resident": 1, "rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_scaled"},
-    {"resident": 1, "rows": 64, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_normed"},
-    {"resident": 1, "rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_normed"},
+    # fp32 operands: the path GPU-tested in session 3 (earlier sweeps: results/bench/h200_mesa.json)
+    {"rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp32"},
+    {"rows": 64, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_scaled"},
+    {"rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_scaled"},
+    {"rows": 64, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_normed"},
+    {"rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_normed"},
 ]
 
 
@@ -279,9 +279,9 @@ def main():
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--D", type=int, default=128)
     ap.add_argument("--skip", nargs="*", default=[], help="sections to leave out: sweep curve accuracy fla")
-    ap.add_argument("--tune", default="", help='JSON overrides of the default TUNING, e.g. {"resident": 0}')
-    ap.add_argument("--variants", default="", help='JSON list replacing VARIANTS, e.g. [{"resident": 1, '
-                    '"rows": 32, "solve_warps": 8}] (keys of SWEEP_KEYS, others from TUNING; the first is the '
+    ap.add_argument("--tune", default="", help='JSON overrides of the default TUNING, e.g. {"rows": 32}')
+    ap.add_argument("--variants", default="", help='JSON list replacing VARIANTS, e.g. [{"rows": 32, '
+                    '"solve_warps": 8}] (keys of SWEEP_KEYS, others from TUNING; the first is the '
                     'reference of the checks)')
     ap.add_argument("--asm", default="", help="folder for the TTGIR and cubin of each sweep variant's kernels")
     args = ap.parse_args()

@@ -33,11 +33,6 @@ TUNING: dict[str, object] = {
     "cg_prec": "tf32",  # tl.dot precision inside the CG loops
     "prec": "tf32",  # every other dot (states, outputs, gradients)
     "rows": 64,  # rows (tokens) per forward CG program: the chunk, or half of it (fewer registers)
-    # 1: the CG programs load H0^T (fp32 K x K) and the chunk's keys once and keep them on chip
-    # for every iteration; 0: each mat-vec reads them again from global memory (Triton 3.6
-    # hoists those reads out of a fixed-step loop itself: the same speed there, but not in the
-    # tolerance-stopped loop). Same maths, same results (bit for bit on the H200).
-    "resident": 1,
     # 1: the CG programs' segment sums of gates by a running sum (tl.cumsum) instead of an
     # fp32 FMA product with a 0/1 matrix: the same terms, another order; a cheaper prologue.
     "weights_scan": 1,

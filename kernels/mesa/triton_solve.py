@@ -1,8 +1,8 @@
 """MesaNet's per-chunk solves in Triton (DESIGN §8, §10): the forward CG with the output,
 and the adjoint CG of the backward. One program owns BR rows (tokens) of one chunk of one
 head and runs every CG iteration on-chip (kernels/mesa/triton_system.py), so iterations cost
-no launches. With RESIDENT the program also loads H0^T and the chunk's keys once, before the
-CG loop, and keeps them on chip (else every mat-vec reads them again from global memory).
+no launches; it loads H0^T and the chunk's keys once, before the CG loop, and keeps them on
+chip.
 
 Forward (H0, S0: the K x K and K x V states entering the chunk):
     Q*  = M^{-1} (scale Q)   row by row, from the Jacobi start
@@ -25,12 +25,7 @@ import triton.language as tl
 
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import new_buffer, warps
-from kernels.mesa.triton_system import (
-    cg_solve,
-    cg_solve_tiles,
-    load_system,
-    load_system_tiles,
-)
+from kernels.mesa.triton_system import cg_solve, load_system
 
 # The compiled kernel of each wrapper's latest launch ("fwd", "bwd"; None under the
 # interpreter): benchmarks read n_regs, n_spills and metadata.shared from it.
@@ -42,7 +37,7 @@ def mesa_fwd_solve_kernel(
     q, k, v, g, beta, lamb, h_kk, h_kv, q_star, o, scale, tol2, T, NT, steps,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, HAS_TOL: tl.constexpr, PREC: tl.constexpr, CG_PREC: tl.constexpr,
-    RESIDENT: tl.constexpr, SCAN: tl.constexpr, DIAG_PREC: tl.constexpr, HALF: tl.constexpr,
+    SCAN: tl.constexpr, DIAG_PREC: tl.constexpr, HALF: tl.constexpr,
 ):
     i_r, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -51,20 +46,11 @@ def mesa_fwd_solve_kernel(
     r0 = t0 + i_r * BR
     chunk = (i_bh * NT + i_t).to(tl.int64)
     p_h0 = h_kk + chunk * K * K
-    if RESIDENT:
-        b_w, b_d, b_lamb, b_diag, b_h0t, b_k = load_system_tiles(k, g, beta, lamb, p_h0, seq, t0, i_r * BR, i_h, T,
-                                                                 H, K, BT, BR, BK, SCAN, DIAG_PREC)
-    else:
-        b_w, b_d, b_lamb, b_diag = load_system(k, g, beta, lamb, p_h0, seq, t0, i_r * BR, i_h, T, H, K, BT, BR, BK,
-                                               SCAN, DIAG_PREC)
+    b_w, b_d, b_lamb, b_diag, b_h0t, b_k = load_system(k, g, beta, lamb, p_h0, seq, t0, i_r * BR, i_h, T,
+                                                       H, K, BT, BR, BK, SCAN, DIAG_PREC)
     b_b = load_tile(q + seq * K, r0, 0, T, K, H * K, BR, BK).to(tl.float32) * scale
-    if RESIDENT:
-        b_x = cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL, CG_PREC, HALF)
-        b_kt = tl.trans(b_k)
-    else:
-        b_x = cg_solve(b_b, k + seq * K, p_h0, t0, T, H, b_w, b_d, b_lamb, b_diag, steps, tol2,
-                       K, BT, BK, HAS_TOL, CG_PREC)
-        b_kt = load_tile_t(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
+    b_x = cg_solve(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL, CG_PREC, HALF)
+    b_kt = tl.trans(b_k)
     store_tile(q_star + seq * K, b_x, r0, 0, T, K, H * K, BR, BK)
     b_a = tl.dot(b_x, b_kt, input_precision=PREC) * b_w  # [BR, BT]
     for i_v in range(tl.cdiv(V, BV)):
@@ -79,7 +65,7 @@ def mesa_bwd_solve_kernel(
     k, v, g, beta, lamb, h_kk, h_kv, q_star, do, y, dq, e, dlamb, scale, tol2, T, NT, steps,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, HAS_TOL: tl.constexpr, PREC: tl.constexpr, CG_PREC: tl.constexpr,
-    RESIDENT: tl.constexpr, SCAN: tl.constexpr, DIAG_PREC: tl.constexpr, HALF: tl.constexpr,
+    SCAN: tl.constexpr, DIAG_PREC: tl.constexpr, HALF: tl.constexpr,
 ):
     i_r, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -88,9 +74,6 @@ def mesa_bwd_solve_kernel(
     r0 = t0 + i_r * BR
     chunk = (i_bh * NT + i_t).to(tl.int64)
     p_h0 = h_kk + chunk * K * K
-    if not RESIDENT:
-        b_w, b_d, b_lamb, b_diag = load_system(k, g, beta, lamb, p_h0, seq, t0, i_r * BR, i_h, T, H, K, BT, BR, BK,
-                                               SCAN, DIAG_PREC)
     b_x = load_tile(q_star + seq * K, r0, 0, T, K, H * K, BR, BK)
     b_dx_state = tl.zeros([BR, BK], dtype=tl.float32)  # rows S0 do_i
     b_dov = tl.zeros([BR, BT], dtype=tl.float32)  # do_i . v_j
@@ -100,20 +83,12 @@ def mesa_bwd_solve_kernel(
         b_vt = load_tile_t(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)  # [BV, BT]
         b_dx_state += tl.dot(b_do, b_st, input_precision=PREC)
         b_dov += tl.dot(b_do, b_vt, input_precision=PREC)
-    if RESIDENT:
-        # loaded after the loop over V, so the resident tiles add nothing to its registers
-        b_w, b_d, b_lamb, b_diag, b_h0t, b_k = load_system_tiles(k, g, beta, lamb, p_h0, seq, t0, i_r * BR, i_h, T,
-                                                                 H, K, BT, BR, BK, SCAN, DIAG_PREC)
-    else:
-        b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
+    # loaded after the loop over V, so the resident tiles add nothing to its registers
+    b_w, b_d, b_lamb, b_diag, b_h0t, b_k = load_system(k, g, beta, lamb, p_h0, seq, t0, i_r * BR, i_h, T,
+                                                       H, K, BT, BR, BK, SCAN, DIAG_PREC)
     b_e = b_d * tl.sum(b_x * b_dx_state, axis=1)  # output part of e, before q* leaves registers
     b_dx = b_dx_state * b_d[:, None] + tl.dot(b_dov * b_w, b_k, input_precision=PREC)
-    if RESIDENT:
-        b_y = cg_solve_tiles(b_dx, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL, CG_PREC, HALF)
-    else:
-        b_y = cg_solve(b_dx, k + seq * K, p_h0, t0, T, H, b_w, b_d, b_lamb, b_diag, steps, tol2,
-                       K, BT, BK, HAS_TOL, CG_PREC)
-        b_h0t = load_tile_t(p_h0, 0, 0, K, K, K, BK, BK)
+    b_y = cg_solve(b_dx, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL, CG_PREC, HALF)
     store_tile(y + seq * K, b_y, r0, 0, T, K, H * K, BR, BK)
     store_tile(dq + seq * K, b_y * scale, r0, 0, T, K, H * K, BR, BK)
     # q* is read again rather than kept live through the CG loop (registers)
@@ -135,20 +110,16 @@ class SolveLaunch:
     """Launch settings of the CG kernels (TUNING in triton_function.py picks them).
 
     rows: rows (tokens) per program, the chunk or a fraction of it; num_warps: on a GPU;
-    resident: H0^T and the chunk's keys stay on chip through the CG loop (else every
-    mat-vec reads them again; Triton may hoist those reads out of a fixed-step loop itself,
-    never out of the tolerance loop); weights_scan: segment sums by a running sum instead
+    weights_scan: segment sums by a running sum instead
     of an fp32 FMA product (chunk_weights); diag_cg_prec: diag(M) (the Jacobi start only)
     at the CG loop's dot precision instead of fp32 FMAs (the same for fp32 inputs);
     operands: the CG mat-vecs' operands, "fp32" (tiles at the CG dot precision) or fp16
     scaled per row, by its largest entry ("fp16_scaled", triton_system.matvec_half) or by a
     norm the CG loop carries ("fp16_normed", matvec_normed: no row reductions per mat-vec);
-    the fp16 forms need the resident path and apply to 16-bit inputs only (fp32 inputs keep
-    true fp32 products)."""
+    the fp16 forms apply to 16-bit inputs only (fp32 inputs keep true fp32 products)."""
 
     rows: int = 64
     num_warps: int = 8
-    resident: bool = True
     weights_scan: bool = False
     diag_cg_prec: bool = False
     operands: str = "fp32"
@@ -156,22 +127,24 @@ class SolveLaunch:
     def __post_init__(self):
         if self.operands not in OPERANDS:
             raise ValueError(f"mesa TUNING: cg_operands must be one of {OPERANDS}, got {self.operands!r}")
-        if self.operands != "fp32" and not self.resident:
-            raise ValueError(f"mesa TUNING: cg_operands={self.operands!r} needs resident=1")
 
     @classmethod
     def from_tuning(cls, tuning: Mapping[str, object], backward: bool = False) -> SolveLaunch:
         """From TUNING-style entries: rows (bwd_rows for the backward where present),
-        solve_warps, resident, weights_scan, diag_prec, cg_operands (absent: fp32)."""
+        solve_warps, weights_scan, diag_prec, cg_operands (absent: fp32). An old "resident": 0
+        (the streaming CG form, removed) is refused rather than ignored."""
+        if not tuning.get("resident", 1):
+            raise ValueError("mesa TUNING: resident=0 (the streaming CG form) was removed; the CG "
+                             "programs always keep H0 and the keys on chip")
         rows = tuning["bwd_rows"] if backward and "bwd_rows" in tuning else tuning["rows"]
         return cls(
-            rows=int(rows), num_warps=int(tuning["solve_warps"]), resident=bool(tuning["resident"]),
+            rows=int(rows), num_warps=int(tuning["solve_warps"]),
             weights_scan=bool(tuning["weights_scan"]), diag_cg_prec=tuning["diag_prec"] == "cg",
             operands=str(tuning.get("cg_operands", "fp32")),
         )
 
     def constexprs(self, cg_prec: str) -> dict:
-        return {"RESIDENT": self.resident, "SCAN": self.weights_scan,
+        return {"SCAN": self.weights_scan,
                 "DIAG_PREC": cg_prec if self.diag_cg_prec else "ieee",
                 "HALF": OPERANDS.index(self.operands) if cg_prec != "ieee" else 0}
 

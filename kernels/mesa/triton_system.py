@@ -18,10 +18,10 @@ All tiles are fp32 whatever the input dtype; `PREC` is the tl.dot input precisio
 mat-vec ("ieee" for fp32 inputs, "tf32" or "tf32x3" for 16-bit inputs on a GPU).
 Row vectors of a block are indexed by i (rows of the block), columns by j (tokens of the chunk).
 
-Two forms of the CG loop, identical up to rounding: streaming (`cg_solve`: every mat-vec reads
-H0^T and the keys from global memory, little on-chip state) and resident (`cg_solve_tiles`:
-the caller loads them once and they stay on chip for all iterations; more registers/shared
-memory, no global reads per iteration). TUNING["resident"] (triton_function.py) picks one.
+The CG programs load H0^T and the chunk's keys once and hold them on chip through every
+iteration (no global reads inside the loop). An earlier streaming form, which re-read them
+for each mat-vec, was removed in session 4: every later speed-up (32-row programs, the
+cheaper prologue, fp16 operands) was built on the resident form, the one GPU-tested since.
 """
 
 from __future__ import annotations
@@ -110,19 +110,9 @@ def system_rows(b_k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T,
 
 @triton.jit
 def load_system(k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T,
-                H, K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                SCAN: tl.constexpr, DIAG_PREC: tl.constexpr):
-    """system_rows for the streaming path: the keys are read here for diag(M_i) and not
-    kept (`matvec` reads them again each time, so they occupy no registers across the loop)."""
-    b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
-    return system_rows(b_k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T, H, K, BT, BR, BK, SCAN, DIAG_PREC)
-
-
-@triton.jit
-def load_system_tiles(k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T,
                       H, K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                       SCAN: tl.constexpr, DIAG_PREC: tl.constexpr):
-    """system_rows for the resident path, which keeps what the mat-vec needs: returns (W, d,
+    """system_rows plus what the mat-vec keeps on chip: returns (W, d,
     lamb, diag(M_i)) as system_rows, then H0^T [BK, BK] and the chunk's keys [BT, BK], fp32
     (converted once here: the conversion would be hoisted out of the CG loop anyway)."""
     b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
@@ -133,25 +123,10 @@ def load_system_tiles(k, g, beta, lamb, h_kk, seq, t0, i0, i_h, T,
 
 
 @triton.jit
-def matvec(b_p, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
-           K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """Rows M_i p_i for a block of rows p [BR, BK] (streaming path); p_k: the head's keys
-    (k + seq * K), p_h0: the K x K state entering the chunk (applied as p H0^T, the torch
-    path's convention, so that d(y^T M x)/dH0 = y x^T). H0^T and the keys are read from
-    global memory at every call."""
-    b_h0t = load_tile_t(p_h0, 0, 0, K, K, K, BK, BK)
-    b_kt = load_tile_t(p_k, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
-    b_k = load_tile(p_k, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
-    b_mp = tl.dot(b_p, b_h0t, input_precision=PREC) * b_d[:, None]
-    b_a = tl.dot(b_p, b_kt, input_precision=PREC) * b_w
-    b_mp += tl.dot(b_a, b_k, input_precision=PREC)
-    return b_mp + b_p * b_lamb[None, :]
-
-
-@triton.jit
-def matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC: tl.constexpr):
-    """Rows M_i p_i for a block of rows p [BR, BK] (resident path) from tiles already on
-    chip: b_h0t [BK, BK] = H0^T (as in `matvec`) and the chunk's keys b_k [BT, BK], both fp32.
+def matvec(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC: tl.constexpr):
+    """Rows M_i p_i for a block of rows p [BR, BK] from tiles already on chip: b_h0t [BK, BK]
+    = H0^T (p H0^T, the torch path's convention, so that d(y^T M x)/dH0 = y x^T) and the
+    chunk's keys b_k [BT, BK], both fp32.
     K^T is the same key tile transposed on chip, not a second copy read from memory."""
     b_mp = tl.dot(b_p, b_h0t, input_precision=PREC) * b_d[:, None]
     b_a = tl.dot(b_p, tl.trans(b_k), input_precision=PREC) * b_w  # [BR, BT]: (k_j . p_i) W_ij
@@ -174,7 +149,7 @@ def scaled_half(b_x, axis: tl.constexpr):
 
 @triton.jit
 def matvec_half(b_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb):
-    """matvec_tiles with fp16 tensor-core operands (twice tf32's rate, half the registers):
+    """matvec with fp16 tensor-core operands (twice tf32's rate, half the registers):
     H0^T and the keys come pre-scaled (scaled_half over the tile, scales s_h, s_k), each row
     of p and of the intermediate (k_j . p_i) W_ij is scaled the same way here, and the fp32
     products are scaled back."""
@@ -231,44 +206,13 @@ def cg_update(b_x, b_r, b_p, b_rr, b_mp):
 
 
 @triton.jit
-def cg_step(b_x, b_r, b_p, b_rr, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
-            K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """One conjugate-gradient iteration of the streaming path."""
-    b_mp = matvec(b_p, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, K, BT, BK, PREC)
-    return cg_update(b_x, b_r, b_p, b_rr, b_mp)
-
-
-@triton.jit
-def cg_solve(b_b, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, b_diag, steps, tol2,
-             K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_TOL: tl.constexpr, PREC: tl.constexpr):
+def cg_solve(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
+             HAS_TOL: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr = 0):
     """x with M_i x_i = b_i for every row, from the Jacobi start b / diag(M): `steps` CG
     iterations, or fewer with HAS_TOL once every row of this block has
     ||r||^2 <= tol2 ||b||^2 (the check the torch path makes, per block instead of globally).
-    Streaming path: each mat-vec reads H0 and the keys again (see cg_solve_tiles)."""
-    b_x = b_b / b_diag
-    b_r = b_b - matvec(b_x, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb, K, BT, BK, PREC)
-    b_p = b_r
-    b_rr = tl.sum(b_r * b_r, axis=1)
-    if HAS_TOL:
-        b_stop = tol2 * tl.sum(b_b * b_b, axis=1)
-        i = steps * 0
-        while (i < steps) & (tl.max(b_rr - b_stop, axis=0) > 0):
-            b_x, b_r, b_p, b_rr = cg_step(b_x, b_r, b_p, b_rr, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
-                                          K, BT, BK, PREC)
-            i += 1
-    else:
-        for _ in range(steps):
-            b_x, b_r, b_p, b_rr = cg_step(b_x, b_r, b_p, b_rr, p_k, p_h0, t0, T, H, b_w, b_d, b_lamb,
-                                          K, BT, BK, PREC)
-    return b_x
-
-
-@triton.jit
-def cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
-                   HAS_TOL: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr = 0):
-    """cg_solve on the resident path: the same start, iterations and stop, with H0^T [BK, BK]
-    and the keys [BT, BK] (fp32) loaded once by the caller and held on chip across all
-    iterations, so an iteration does no global reads. HALF: 0, PREC dots on fp32 tiles; 1,
+    H0^T [BK, BK] and the keys [BT, BK] (fp32) come loaded by the caller and stay on chip
+    across all iterations, so an iteration does no global reads. HALF: 0, PREC dots on fp32 tiles; 1,
     the mat-vecs on scaled fp16 operands (matvec_half, rows scaled by their largest entry);
     2, the same with rows scaled by their carried norm (matvec_normed)."""
     if HALF == 2:
@@ -280,7 +224,7 @@ def cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
         b_r = b_b - matvec_half(b_x, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
     else:
         b_x = b_b / b_diag
-        b_r = b_b - matvec_tiles(b_x, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
+        b_r = b_b - matvec(b_x, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
     b_p = b_r
     b_rr = tl.sum(b_r * b_r, axis=1)
     if HAS_TOL:
@@ -290,7 +234,7 @@ def cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
             if HALF == 1:
                 b_mp = matvec_half(b_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
             else:
-                b_mp = matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
+                b_mp = matvec(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
             b_x, b_r, b_p, b_rr = cg_update(b_x, b_r, b_p, b_rr, b_mp)
             i += 1
     else:
@@ -298,14 +242,14 @@ def cg_solve_tiles(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
             if HALF == 1:
                 b_mp = matvec_half(b_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
             else:
-                b_mp = matvec_tiles(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
+                b_mp = matvec(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC)
             b_x, b_r, b_p, b_rr = cg_update(b_x, b_r, b_p, b_rr, b_mp)
     return b_x
 
 
 @triton.jit
 def cg_solve_normed(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL: tl.constexpr):
-    """cg_solve_tiles with HALF = 2: the start's scale is its true norm (one reduction, once),
+    """cg_solve with HALF = 2: the start's scale is its true norm (one reduction, once),
     every later one the bound on ||p|| carried by cg_update_normed."""
     b_h0t16, s_h = scaled_half(b_h0t, None)
     b_k16, s_k = scaled_half(b_k, None)
