@@ -135,28 +135,34 @@ def matvec(b_p, b_h0t, b_k, b_w, b_d, b_lamb, PREC: tl.constexpr):
 
 
 @triton.jit
-def scaled_half(b_x, axis: tl.constexpr):
-    """b_x [R, C] as fp16 after dividing by its largest magnitude along `axis` (per row for
-    axis=1, over the whole tile for axis=None), and that scale: every entry within 2^14 of
-    the largest keeps fp16's 11 significant bits, tf32's precision; smaller ones lose bits
-    only below 2^-24 of the largest (a zero tile stays zero)."""
-    if axis is None:
-        b_s = tl.maximum(tl.max(tl.max(tl.abs(b_x), axis=1), axis=0), FP32_TINY)
-        return (b_x / b_s).to(tl.float16), b_s
-    b_s = tl.maximum(tl.max(tl.abs(b_x), axis=axis), FP32_TINY)
+def scaled_half_rows(b_x):
+    """b_x [R, C] as fp16 with each row divided by its largest magnitude, and those scales
+    [R]: every entry within 2^14 of its row's largest keeps fp16's 11 significant bits,
+    tf32's precision; smaller ones lose bits only below 2^-24 of the largest (a zero row
+    stays zero)."""
+    b_s = tl.maximum(tl.max(tl.abs(b_x), axis=1), FP32_TINY)
     return (b_x / b_s[:, None]).to(tl.float16), b_s
+
+
+@triton.jit
+def scaled_half_tile(b_x):
+    """scaled_half_rows with one scale for the whole tile (a scalar). Two functions rather
+    than one with a constexpr axis=None: Triton 3.9 no longer takes that None branch when
+    compiling (the CPU interpreter does), found by compiling for sm_90 on a CPU machine."""
+    b_s = tl.maximum(tl.max(tl.max(tl.abs(b_x), axis=1), axis=0), FP32_TINY)
+    return (b_x / b_s).to(tl.float16), b_s
 
 
 @triton.jit
 def matvec_half(b_p, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb):
     """matvec with fp16 tensor-core operands (twice tf32's rate, half the registers):
-    H0^T and the keys come pre-scaled (scaled_half over the tile, scales s_h, s_k), each row
+    H0^T and the keys come pre-scaled (scaled_half_tile, scales s_h, s_k), each row
     of p and of the intermediate (k_j . p_i) W_ij is scaled the same way here, and the fp32
     products are scaled back."""
-    b_p16, s_p = scaled_half(b_p, 1)
+    b_p16, s_p = scaled_half_rows(b_p)
     b_mp = tl.dot(b_p16, b_h0t16) * (s_p * s_h * b_d)[:, None]
     b_a = tl.dot(b_p16, tl.trans(b_k16)) * (s_p * s_k)[:, None] * b_w
-    b_a16, s_a = scaled_half(b_a, 1)
+    b_a16, s_a = scaled_half_rows(b_a)
     b_mp += tl.dot(b_a16, b_k16) * (s_a * s_k)[:, None]
     return b_mp + b_p * b_lamb[None, :]
 
@@ -218,8 +224,8 @@ def cg_solve(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
     if HALF == 2:
         return cg_solve_normed(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL)
     if HALF == 1:
-        b_h0t16, s_h = scaled_half(b_h0t, None)
-        b_k16, s_k = scaled_half(b_k, None)
+        b_h0t16, s_h = scaled_half_tile(b_h0t)
+        b_k16, s_k = scaled_half_tile(b_k)
         b_x = b_b / b_diag
         b_r = b_b - matvec_half(b_x, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
     else:
@@ -251,8 +257,8 @@ def cg_solve(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2,
 def cg_solve_normed(b_b, b_h0t, b_k, b_w, b_d, b_lamb, b_diag, steps, tol2, HAS_TOL: tl.constexpr):
     """cg_solve with HALF = 2: the start's scale is its true norm (one reduction, once),
     every later one the bound on ||p|| carried by cg_update_normed."""
-    b_h0t16, s_h = scaled_half(b_h0t, None)
-    b_k16, s_k = scaled_half(b_k, None)
+    b_h0t16, s_h = scaled_half_tile(b_h0t)
+    b_k16, s_k = scaled_half_tile(b_k)
     b_x = b_b / b_diag
     s_x = tl.sqrt(tl.sum(b_x * b_x, axis=1))
     b_r = b_b - matvec_normed(b_x, s_x, b_h0t16, s_h, b_k16, s_k, b_w, b_d, b_lamb)
