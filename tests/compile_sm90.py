@@ -1,0 +1,155 @@
+"""Compile every Triton kernel the ops launch for Hopper (sm_90) on a machine without a GPU.
+
+The CPU interpreter runs the kernels' Python, not Triton's compiler, so a kernel that the
+installed Triton cannot compile passes every interpreter test (it happened: a constexpr
+`axis=None` that Triton 3.6 compiled and 3.9 does not). Here JITFunction.run is replaced by
+a compile-only stand-in: each launch's arguments give the kernel's signature and constexprs,
+and triton.compile builds PTX for sm_90 from them; nothing runs, the outputs are garbage.
+Each op runs forward and backward once at K = V = 128 (the GPU tiles) in bf16.
+
+    python tests/compile_sm90.py          # TRITON_INTERPRET must be unset; exit 1 on a failure
+
+tests/kernels/test_compile_sm90.py runs it in a process of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+POINTER_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
+                 "int32": "i32", "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "i1"}
+
+
+def launch_signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, options) of one launch of JITFunction `fn`."""
+    import torch
+
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    values = dict(zip(fn.arg_names, args))
+    values.update(kwargs)
+    signature, constexprs = {}, {}
+    for param in fn.params:
+        name = param.name
+        if name not in values:
+            if param.default is param.default.__class__.__mro__[-1] or param.default is None:
+                raise TypeError(f"{fn.__name__}: argument {name} missing")
+            values[name] = param.default
+        value = values[name]
+        if param.is_constexpr:
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + POINTER_TYPES[str(value.dtype).removeprefix("torch.")]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i64" if abs(value) >= 2**31 else "i32"
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif value is None:
+            signature[name], constexprs[name] = "constexpr", None
+        else:
+            raise TypeError(f"{fn.__name__}: argument {name} of type {type(value).__name__}")
+    return signature, constexprs, options
+
+
+class CompileOnly:
+    """Stands in for JITFunction.run: compiles each distinct launch for sm_90, runs nothing."""
+
+    def __init__(self):
+        self.done: dict[tuple, float] = {}
+        self.failed: dict[tuple, str] = {}
+
+    def __call__(self, fn, *args, grid=None, warmup=False, **kwargs):
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        signature, constexprs, options = launch_signature(fn, args, dict(kwargs))
+        key = (fn.__name__, tuple(sorted((k, repr(v)) for k, v in constexprs.items())),
+               tuple(sorted(signature.items())), tuple(sorted(options.items())))
+        if key in self.done or key in self.failed:
+            return
+        started = time.time()
+        try:
+            triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                           target=GPUTarget("cuda", 90, 32), options=options)
+            self.done[key] = time.time() - started
+        except Exception as e:  # noqa: BLE001 - every failure is reported, the rest still compiled
+            self.failed[key] = f"{type(e).__name__}: {str(e)[-600:]}"
+        return
+
+
+def run_ops() -> None:
+    """Forward and backward of every op's Triton entry point (and the decode steps)."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.delta_rule.triton_op import delta_rule_triton
+    from kernels.gated_delta_rule.triton_op import gated_delta_rule_triton
+    from kernels.gated_linear_attention.triton_op import gated_linear_attention_triton
+    from kernels.linear_attention.triton_op import linear_attention_triton
+    from kernels.linearized_softmax_gdn.triton_op import linearized_softmax_gdn_triton
+    from kernels.mesa.triton_op import mesa_triton
+
+    B, T, H, D, bf16 = 1, 200, 2, 128, torch.bfloat16
+    gen = torch.Generator().manual_seed(0)
+
+    def leaf(*shape, dtype=bf16, fn=None):
+        t = torch.randn(*shape, generator=gen)
+        return (fn(t) if fn else t).to(dtype).requires_grad_(True)
+
+    def backward(out):
+        o = out[0] if isinstance(out, tuple) else out
+        leaves = [t for t in inputs if t is not None and t.requires_grad]
+        torch.autograd.grad(o, leaves, torch.ones_like(o), allow_unused=True)
+
+    q, k, v = leaf(B, T, H, D), leaf(B, T, H, D, fn=lambda t: F.normalize(t, dim=-1)), leaf(B, T, H, D)
+    g_scalar = leaf(B, T, H, dtype=torch.float32, fn=lambda t: F.logsigmoid(t + 4))
+    g_vector = leaf(B, T, H, D, dtype=torch.float32, fn=lambda t: F.logsigmoid(t + 4))
+    beta = leaf(B, T, H, fn=torch.sigmoid)
+    calls = {
+        "linear": lambda: linear_attention_triton(q, k, v, scale=D**-0.5),
+        "gla_scalar": lambda: gated_linear_attention_triton(q, k, v, g_scalar, scale=D**-0.5),
+        "gla_vector": lambda: gated_linear_attention_triton(q, k, v, g_vector, scale=D**-0.5),
+        "delta_rule": lambda: delta_rule_triton(q, k, v, beta, scale=D**-0.5),
+        "gated_delta_rule": lambda: gated_delta_rule_triton(q, k, v, g_scalar, beta, scale=D**-0.5),
+        "linearized_softmax_gdn": lambda: linearized_softmax_gdn_triton(q, k, v, scale=D**-0.5),
+    }
+    lamb = leaf(H, D, dtype=torch.float32, fn=lambda t: F.softplus(t) + 0.25)
+    calls["mesa"] = lambda: mesa_triton(q, k, v, g_scalar, beta.float(), lamb, scale=D**-0.5, cg_steps=4)
+    inputs = [q, k, v, g_scalar, g_vector, beta, lamb]
+    for name, call in calls.items():
+        print(f"compile_sm90: {name}", flush=True)
+        backward(call())
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET"):
+        print("compile_sm90: unset TRITON_INTERPRET (the interpreter never compiles)", file=sys.stderr)
+        return 2
+    from triton.runtime.jit import JITFunction
+
+    stand_in = CompileOnly()
+    JITFunction.run = lambda self, *args, **kwargs: stand_in(self, *args, **kwargs)
+    try:
+        run_ops()
+    except Exception:  # noqa: BLE001 - a host-side failure after a compile failure is reported below
+        traceback.print_exc()
+        if not stand_in.failed:
+            return 1
+    for key, seconds in sorted(stand_in.done.items()):
+        print(f"ok   {key[0]} {dict(key[1])} {dict(key[3])} ({seconds:.1f} s)")
+    for key, error in stand_in.failed.items():
+        print(f"FAIL {key[0]} {dict(key[1])} {dict(key[3])}: {error}")
+    print(f"compile_sm90: {len(stand_in.done)} launches compiled, {len(stand_in.failed)} failed")
+    return 1 if stand_in.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
