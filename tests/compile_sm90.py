@@ -5,7 +5,8 @@ installed Triton cannot compile passes every interpreter test (it happened: a co
 `axis=None` that Triton 3.6 compiled and 3.9 does not). Here JITFunction.run is replaced by
 a compile-only stand-in: each launch's arguments give the kernel's signature and constexprs,
 and triton.compile builds PTX for sm_90 from them; nothing runs, the outputs are garbage.
-Each op runs forward and backward once at K = V = 128 (the GPU tiles) in bf16.
+Each op runs forward and backward once at K = V = 128 (the GPU tiles) in bf16, then again
+with each launch option that is off by default.
 
     python tests/compile_sm90.py          # TRITON_INTERPRET must be unset; exit 1 on a failure
 
@@ -127,6 +128,50 @@ def run_ops() -> None:
     for name, call in calls.items():
         print(f"compile_sm90: {name}", flush=True)
         backward(call())
+    # the options that are off by default, each on the ops that use it
+    from kernels.common.triton.launch import LAUNCH
+    from kernels.gated_delta_rule.triton_tuning import TUNING as DELTA_TUNING
+    from kernels.mesa.triton_function import TUNING as MESA_TUNING
+
+    options = [
+        ("split_paths", LAUNCH, "bwd_dqkg", {"split_paths": 1}, ["gla_vector"]),
+        ("vector segments", LAUNCH, "fwd_fused_vector", {"segment_programs": 1056}, ["gla_vector"]),
+        ("fused delta forward", DELTA_TUNING, "fused_fwd", {"enabled": 1, "min_heads": 1},
+         ["delta_rule", "gated_delta_rule"]),
+    ]
+    for label, table, entry, over, names in options:
+        saved = dict(table[entry])
+        table[entry].update(over)
+        try:
+            for name in names:
+                print(f"compile_sm90: {name} with {label}", flush=True)
+                backward(calls[name]())
+        finally:
+            table[entry].clear()
+            table[entry].update(saved)
+    # the fused one-token decode step: every gate kind, with and without the delta rule
+    from kernels.common.triton.step import fused_step
+
+    with torch.no_grad():
+        q1, k1, v1 = (torch.randn(2, H, D, generator=gen).to(bf16) for _ in range(3))
+        state = torch.zeros(2, H, D, D)
+        beta1 = torch.rand(2, H, generator=gen).to(bf16)
+        for g1 in (None, -torch.rand(2, H, generator=gen), -torch.rand(2, H, D, generator=gen)):
+            for b1 in (None, beta1):
+                if b1 is not None and g1 is not None and g1.dim() == 3:
+                    continue  # no delta rule with a vector gate
+                print(f"compile_sm90: decode step gate={None if g1 is None else tuple(g1.shape)} "
+                      f"delta={b1 is not None}", flush=True)
+                fused_step(q1, k1, v1, g1, b1, state, D**-0.5)
+                fused_step(q1, k1, v1, g1, b1, None, D**-0.5)
+    for operands in ("fp32", "fp16_normed"):
+        saved = MESA_TUNING["cg_operands"]
+        MESA_TUNING["cg_operands"] = operands
+        try:
+            print(f"compile_sm90: mesa with cg_operands={operands}", flush=True)
+            backward(calls["mesa"]())
+        finally:
+            MESA_TUNING["cg_operands"] = saved
 
 
 def main() -> int:
