@@ -9,6 +9,11 @@ Each op runs forward and backward once at K = V = 128 (the GPU tiles) in bf16, t
 with each launch option that is off by default.
 
     python tests/compile_sm90.py          # TRITON_INTERPRET must be unset; exit 1 on a failure
+    python tests/compile_sm90.py --resources   # also registers and spill stack of each kernel
+
+--resources reads them from the cubin with the cuobjdump that ships in Triton's wheel: a
+way to screen launch variants for register spills without a GPU (this Triton's codegen, which
+may differ from the device's: on MesaNet's CG kernels it spilled more, in the same order).
 
 tests/kernels/test_compile_sm90.py runs it in a process of its own.
 """
@@ -59,11 +64,31 @@ def launch_signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
     return signature, constexprs, options
 
 
+def resource_usage(cubin: bytes) -> str:
+    """"REG:n STACK:n SHARED:n LOCAL:n" of a cubin's kernel, from cuobjdump (Triton's copy)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=False).stdout
+    found = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", out)
+    return found.group(0) if found else "resource usage unavailable"
+
+
 class CompileOnly:
     """Stands in for JITFunction.run: compiles each distinct launch for sm_90, runs nothing."""
 
-    def __init__(self):
+    def __init__(self, resources: bool = False):
+        self.resources = resources
         self.done: dict[tuple, float] = {}
+        self.usage: dict[tuple, str] = {}
         self.failed: dict[tuple, str] = {}
 
     def __call__(self, fn, *args, grid=None, warmup=False, **kwargs):
@@ -78,9 +103,11 @@ class CompileOnly:
             return
         started = time.time()
         try:
-            triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                           target=GPUTarget("cuda", 90, 32), options=options)
+            compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                                      target=GPUTarget("cuda", 90, 32), options=options)
             self.done[key] = time.time() - started
+            if self.resources:
+                self.usage[key] = resource_usage(compiled.asm["cubin"])
         except Exception as e:  # noqa: BLE001 - every failure is reported, the rest still compiled
             self.failed[key] = f"{type(e).__name__}: {str(e)[-600:]}"
         return
@@ -180,7 +207,7 @@ def main() -> int:
         return 2
     from triton.runtime.jit import JITFunction
 
-    stand_in = CompileOnly()
+    stand_in = CompileOnly(resources="--resources" in sys.argv[1:])
     JITFunction.run = lambda self, *args, **kwargs: stand_in(self, *args, **kwargs)
     try:
         run_ops()
@@ -189,7 +216,8 @@ def main() -> int:
         if not stand_in.failed:
             return 1
     for key, seconds in sorted(stand_in.done.items()):
-        print(f"ok   {key[0]} {dict(key[1])} {dict(key[3])} ({seconds:.1f} s)")
+        usage = f" {stand_in.usage[key]}" if key in stand_in.usage else ""
+        print(f"ok   {key[0]} {dict(key[1])} {dict(key[3])} ({seconds:.1f} s){usage}")
     for key, error in stand_in.failed.items():
         print(f"FAIL {key[0]} {dict(key[1])} {dict(key[3])}: {error}")
     print(f"compile_sm90: {len(stand_in.done)} launches compiled, {len(stand_in.failed)} failed")
