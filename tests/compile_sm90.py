@@ -163,6 +163,8 @@ def run_ops() -> None:
     options = [
         ("split_paths", LAUNCH, "bwd_dqkg", {"split_paths": 1}, ["gla_vector"]),
         ("vector segments", LAUNCH, "fwd_fused_vector", {"segment_programs": 1056}, ["gla_vector"]),
+        ("8-row sub-chunks (forward)", LAUNCH, "intra_A", {"sub_chunk": 8}, ["gla_vector"]),
+        ("8-row sub-chunks (backward)", LAUNCH, "bwd_dqkg", {"sub_chunk": 8}, ["gla_vector"]),
         ("fused delta forward", DELTA_TUNING, "fused_fwd", {"enabled": 1, "min_heads": 1},
          ["delta_rule", "gated_delta_rule"]),
     ]

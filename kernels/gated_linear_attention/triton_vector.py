@@ -3,7 +3,8 @@
 A_ij = scale sum_c q_ic k_jc e^{gamma_ic - gamma_jc} (i >= j in one chunk) does not factor
 safely as (Q ⊙ e^gamma)(K ⊙ e^-gamma)^T: e^-gamma overflows once a channel's gates sum
 below about -88 within a chunk (DESIGN §10). So each chunk is cut into sub-chunks of BC
-rows. A block of rows in sub-chunk s against columns of earlier sub-chunks factors around
+rows (LAUNCH "sub_chunk", 16 by default). A block of rows in sub-chunk s against columns of
+earlier sub-chunks factors around
 a reference point r = gamma at the first row of s: (Q ⊙ e^{gamma - r}) (K ⊙ e^{r - gamma})^T,
 where both exponents are <= 0 (gamma only decreases). The diagonal BC x BC blocks are
 summed element by element with the exact exponent gamma_i - gamma_j <= 0. No exponent is
@@ -33,7 +34,17 @@ from kernels.common.triton.launch import LAUNCH, tile
 from kernels.common.triton.tiles import load_row, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import dot_precision, new_buffer, warps
 
-SUB_CHUNK = 16
+# rows per sub-chunk of the exact path: LAUNCH["intra_A"] / ["bwd_dqkg"]["sub_chunk"]
+# (a power of two, at most the chunk): the element-by-element diagonal work scales with it, the
+# number of off-diagonal dots with chunk / sub_chunk
+
+
+def sub_chunk(entry: str, chunk_size: int) -> int:
+    """The exact path's sub-chunk rows for LAUNCH[entry], checked."""
+    bc = int(LAUNCH[entry].get("sub_chunk", 16))
+    if bc < 1 or bc & (bc - 1):
+        raise ValueError(f"LAUNCH[{entry!r}]['sub_chunk'] must be a power of two, got {bc}")
+    return min(bc, chunk_size)
 # log2 of the largest key factor the fast path accepts, per input dtype (absent: never).
 # 2^32 leaves fp32's and bf16's range (2^128) far away for any sensible key.
 FACTORED_SPAN: dict[torch.dtype, float] = {torch.float32: 32.0, torch.bfloat16: 32.0}
@@ -134,7 +145,7 @@ def gla_intra_A(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, scale: fl
     A = new_buffer((B, T, H, BT), torch.float32, q.device)
     grid = (triton.cdiv(T, BT), B * H)
     gla_intra_A_kernel[grid](
-        q, k, gamma, A, scale, factored_span(q.dtype), T, H=H, K=K, BT=BT, BC=min(SUB_CHUNK, BT),
+        q, k, gamma, A, scale, factored_span(q.dtype), T, H=H, K=K, BT=BT, BC=sub_chunk("intra_A", BT),
         BK=tile(K, cfg["BK"]), DOT_PREC=dot_precision(q.dtype),
         num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
@@ -328,7 +339,7 @@ def gla_bwd_dqkg(
     for paths, launch in launches:
         gla_bwd_dqkg_kernel[grid](
             q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT,
-            H=H, K=K, V=V, BT=BT, BC=min(SUB_CHUNK, BT), BK=BK, BV=BV, DOT_PREC=dot_precision(q.dtype),
+            H=H, K=K, V=V, BT=BT, BC=sub_chunk("bwd_dqkg", BT), BK=BK, BV=BV, DOT_PREC=dot_precision(q.dtype),
             PATHS=paths, num_warps=warps(launch["num_warps"]), num_stages=launch["num_stages"],
         )
     return dq, dk, dg

@@ -53,11 +53,13 @@ LAUNCH: dict[str, dict[str, int]] = {
     "bwd_dqk": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2},
     # vector gate: intra_A with the whole K in one tile 0.44 -> 0.33 ms; bwd_dqkg at 4 warps
     # 2.34 -> 1.94 ms on mild gates (the factored path), 8.9 -> 11.5 on very negative ones
-    "intra_A": {"BK": 128, "num_warps": 4, "num_stages": 1},
+    # sub_chunk: rows per sub-chunk of the exact (strong-gate) path; 8 halves its element-by-
+    # element work for twice the (masked, full-chunk) dots: not timed yet, so 16
+    "intra_A": {"BK": 128, "num_warps": 4, "num_stages": 1, "sub_chunk": 16},
     # split_paths 1: the fast and the exact chunks in two launches, the exact ones with
     # bwd_dqkg_exact's warps (8 measured 8.9 ms on exact chunks in one launch, above); off
     # until timed
-    "bwd_dqkg": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1, "split_paths": 0},
+    "bwd_dqkg": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1, "split_paths": 0, "sub_chunk": 16},
     "bwd_dqkg_exact": {"num_warps": 8, "num_stages": 1},
 }
 

@@ -70,6 +70,30 @@ def test_vector_gate_mixed_chunks(compare):
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
 
 
+@pytest.mark.parametrize("rows", [8, 4, 1])
+def test_vector_gate_sub_chunk_rows(compare, monkeypatch, rows):
+    """The exact path with sub-chunks of other heights than 16 (LAUNCH "sub_chunk" of the
+    forward and backward kernels): strong gates, so every chunk takes it; T = 100 leaves a
+    partial chunk and a partial sub-chunk."""
+    from kernels.common.triton.launch import LAUNCH
+    from kernels.gated_linear_attention import triton_vector
+
+    for entry in ("intra_A", "bwd_dqkg"):
+        monkeypatch.setitem(LAUNCH, entry, dict(LAUNCH[entry], sub_chunk=rows))
+    assert triton_vector.sub_chunk("intra_A", 64) == rows
+    tensors, h0 = make_inputs(1, 100, 1, 16, 16, torch.float32, vector=True, gate_scale=20.0, seed=17)
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+
+
+def test_sub_chunk_must_be_a_power_of_two(monkeypatch):
+    from kernels.common.triton.launch import LAUNCH
+    from kernels.gated_linear_attention import triton_vector
+
+    monkeypatch.setitem(LAUNCH, "intra_A", dict(LAUNCH["intra_A"], sub_chunk=12))
+    with pytest.raises(ValueError, match="power of two"):
+        triton_vector.sub_chunk("intra_A", 64)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32_both_launches", "fp16_exact_only"])
 def test_vector_gate_split_launches(compare, monkeypatch, dtype):
     """LAUNCH["bwd_dqkg"]["split_paths"]: the backward's fast and exact chunks as two
