@@ -85,8 +85,12 @@ def main() -> None:
         worker(args.op, args.T, args.shard, args.procs)
         return
     started = time.time()
+    # a shard's autotuning result covers its share of the configurations only: never cached
+    # (Triton keys that cache by the configuration list too; this makes sure)
+    env = {**os.environ, "TRITON_CACHE_AUTOTUNING": "0"}
     procs = [subprocess.Popen([sys.executable, __file__, "--op", args.op, "--T", str(args.T),
-                               "--procs", str(args.procs), "--shard", str(i)]) for i in range(args.procs)]
+                               "--procs", str(args.procs), "--shard", str(i)], env=env)
+             for i in range(args.procs)]
     try:
         failed = [i for i, p in enumerate(procs) if p.wait() != 0]
     except KeyboardInterrupt:  # a stage limit (timeout -s INT): stop the workers too
