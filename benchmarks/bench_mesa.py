@@ -78,13 +78,19 @@ def make_inputs(B, T, H, D, seed=0, lamb_lo=0.25):
     return [q, k, v, g, beta, lamb], do
 
 
+def tuning_over(over) -> dict:
+    """TUNING overrides of a sweep variant: its rows are both solves' (bwd_rows too)."""
+    over = dict(over or {})
+    if "rows" in over:
+        over.setdefault("bwd_rows", over["rows"])
+    return over
+
+
 class Tuned:
-    """Temporarily apply TUNING overrides."""
+    """Temporarily apply TUNING overrides (tuning_over)."""
 
     def __init__(self, over):
-        self.over, self.saved = dict(over), dict(tf.TUNING)
-        if "rows" in self.over:  # a sweep variant's rows are both solves'
-            self.over.setdefault("bwd_rows", self.over["rows"])
+        self.over, self.saved = tuning_over(over), dict(tf.TUNING)
 
     def __enter__(self):
         tf.TUNING.update(self.over)
@@ -125,10 +131,7 @@ def settings(over=None):
 def launch_of(over=None, backward=False):
     """The solve kernels' SolveLaunch for TUNING with overrides (the backward's with
     backward=True: TUNING's bwd_rows; a sweep variant's rows set both)."""
-    over = dict(over or {})
-    if "rows" in over:
-        over.setdefault("bwd_rows", over["rows"])
-    return SolveLaunch.from_tuning({**tf.TUNING, **over}, backward=backward)
+    return SolveLaunch.from_tuning({**tf.TUNING, **tuning_over(over)}, backward=backward)
 
 
 def dump_asm(folder, tag):

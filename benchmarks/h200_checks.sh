@@ -10,11 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/h200_checks_out}
-mkdir -p "$OUT"
-source benchmarks/carried_wheels.sh
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version --format=csv >"$OUT/env.txt" 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >>"$OUT/env.txt" 2>&1
+source benchmarks/device_preamble.sh
 run_tests() {  # limit, log name, pytest arguments...
     local limit=$1 log=$2; shift 2
     timeout -s INT "$limit" python3 -m pytest -q -s -p no:cacheprovider -rA "$@" 2>&1 \

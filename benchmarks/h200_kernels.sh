@@ -12,12 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/h200_kernels_out}
-mkdir -p "$OUT"
-source benchmarks/carried_wheels.sh
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/env.txt" 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >>"$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+source benchmarks/device_preamble.sh
 
 VARIANTS=${VARIANTS:-}  # e.g. '[{"wy_fwd": {"BK": 128, "BV": 128}}]'
 timeout -s INT "${DELTA_S:-170}" python3 benchmarks/bench_delta.py --out "$OUT/h200_delta.json" \

@@ -21,12 +21,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/h200_linear_gla_out}
-mkdir -p "$OUT" .triton_cache
-source benchmarks/carried_wheels.sh
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >"$OUT/env.txt" 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >>"$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+source benchmarks/device_preamble.sh
+mkdir -p .triton_cache
+export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1
 if ls .triton_cache_parts/triton_cache.tgz.part-* >/dev/null 2>&1; then
     cat .triton_cache_parts/triton_cache.tgz.part-* | tar xzf - && echo "Triton cache restored: $(du -sh .triton_cache | cut -f1)"
 fi

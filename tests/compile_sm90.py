@@ -43,7 +43,7 @@ def launch_signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
     for param in fn.params:
         name = param.name
         if name not in values:
-            if param.default is param.default.__class__.__mro__[-1] or param.default is None:
+            if not param.has_default:
                 raise TypeError(f"{fn.__name__}: argument {name} missing")
             values[name] = param.default
         value = values[name]
@@ -160,24 +160,26 @@ def run_ops() -> None:
     from kernels.gated_delta_rule.triton_tuning import TUNING as DELTA_TUNING
     from kernels.mesa.triton_function import TUNING as MESA_TUNING
 
-    options = [
-        ("split_paths", LAUNCH, "bwd_dqkg", {"split_paths": 1}, ["gla_vector"]),
-        ("vector segments", LAUNCH, "fwd_fused_vector", {"segment_programs": 1056}, ["gla_vector"]),
-        ("8-row sub-chunks (forward)", LAUNCH, "intra_A", {"sub_chunk": 8}, ["gla_vector"]),
-        ("8-row sub-chunks (backward)", LAUNCH, "bwd_dqkg", {"sub_chunk": 8}, ["gla_vector"]),
-        ("fused delta forward", DELTA_TUNING, "fused_fwd", {"enabled": 1, "min_heads": 1},
+    options = [  # (label, the settings dict it overrides, the overrides, the ops that use it)
+        ("split_paths", LAUNCH["bwd_dqkg"], {"split_paths": 1}, ["gla_vector"]),
+        ("vector segments", LAUNCH["fwd_fused_vector"], {"segment_programs": 1056}, ["gla_vector"]),
+        ("8-row sub-chunks (forward)", LAUNCH["intra_A"], {"sub_chunk": 8}, ["gla_vector"]),
+        ("8-row sub-chunks (backward)", LAUNCH["bwd_dqkg"], {"sub_chunk": 8}, ["gla_vector"]),
+        ("fused delta forward", DELTA_TUNING["fused_fwd"], {"enabled": 1, "min_heads": 1},
          ["delta_rule", "gated_delta_rule"]),
+        ("cg_operands=fp32", MESA_TUNING, {"cg_operands": "fp32"}, ["mesa"]),
+        ("cg_operands=fp16_normed", MESA_TUNING, {"cg_operands": "fp16_normed"}, ["mesa"]),
     ]
-    for label, table, entry, over, names in options:
-        saved = dict(table[entry])
-        table[entry].update(over)
+    for label, settings, over, names in options:
+        saved = dict(settings)
+        settings.update(over)
         try:
             for name in names:
                 print(f"compile_sm90: {name} with {label}", flush=True)
                 backward(calls[name]())
         finally:
-            table[entry].clear()
-            table[entry].update(saved)
+            settings.clear()
+            settings.update(saved)
     # the fused one-token decode step: every gate kind, with and without the delta rule
     from kernels.common.triton.step import fused_step
 
@@ -193,14 +195,6 @@ def run_ops() -> None:
                       f"delta={b1 is not None}", flush=True)
                 fused_step(q1, k1, v1, g1, b1, state, D**-0.5)
                 fused_step(q1, k1, v1, g1, b1, None, D**-0.5)
-    for operands in ("fp32", "fp16_normed"):
-        saved = MESA_TUNING["cg_operands"]
-        MESA_TUNING["cg_operands"] = operands
-        try:
-            print(f"compile_sm90: mesa with cg_operands={operands}", flush=True)
-            backward(calls["mesa"]())
-        finally:
-            MESA_TUNING["cg_operands"] = saved
 
 
 def main() -> int:

@@ -27,8 +27,8 @@ from kernels.mesa.triton_states import mesa_bwd_states, mesa_fwd_states
 # Defaults from the H200 sweep of 2026-11-29 (results/bench/h200_mesa.json, sweep_T8192):
 # solve kernels fwd / bwd at T = 8192: 34.0 / 40.3 ms (rows 64, streaming, fp32 prologue: 572
 # and 554 spilled registers) -> 34.0 / 41.7 (resident) -> 28.4 / 29.8 (rows 32) -> 25.8 / 27.1
-# (rows 32 with both prologue options, 24 / 12 spills). Against the streaming path on the
-# GPU: q* 3.1e-5, o 8.9e-4 (bf16 rounding), adjoint y 6.9e-5 relative.
+# (rows 32 with both prologue options, 24 / 12 spills; the streaming form, since removed,
+# was the first). Against it on the GPU: q* 3.1e-5, o 8.9e-4 (bf16 rounding), y 6.9e-5.
 TUNING: dict[str, object] = {
     "cg_prec": "tf32",  # tl.dot precision inside the CG loops
     "prec": "tf32",  # every other dot (states, outputs, gradients)
@@ -45,8 +45,9 @@ TUNING: dict[str, object] = {
     # "fp32": tf32 (or ieee) dots on fp32 tiles. H200, solve kernels at T = 8192, rows 32:
     # fwd / bwd 25.7 / 27.1 ms (fp32) -> 19.1 / 20.6 (fp16_scaled); rows 64: 14.9 / 22.2
     # (results/bench/h200_mesa.json, sweep of session 4); q* moved by 1.0e-4, o by 1.3e-3.
-    # fp16_normed was faster (rows 64: 12.3 / 18.1) but gave NaN on the H200 (not on the CPU
-    # interpreter): not usable until that is understood
+    # fp16_normed was faster (rows 64: 12.3 / 18.1) but its first form gave NaN on the H200
+    # past convergence (not on the CPU interpreter); guarded since (NORM_FLOOR in
+    # triton_system.py), not yet re-run on a GPU
     "cg_operands": "fp16_scaled",
     "bwd_rows": 32,  # rows per program of the backward's CG (rows: the forward's)
     "solve_warps": 8,
