@@ -49,7 +49,7 @@ from kernels.mesa.triton_states import mesa_fwd_states
 
 CG_STEPS = 30
 # the TUNING entries a sweep variant sets (a variant leaving one out takes TUNING's)
-SWEEP_KEYS = ("rows", "solve_warps", "weights_scan", "diag_prec", "cg_operands")
+SWEEP_KEYS = ("rows", "bwd_rows", "solve_warps", "weights_scan", "diag_prec", "cg_operands")
 FAST_PROLOGUE = {"weights_scan": 1, "diag_prec": "cg"}  # no fp32 FMA dots before the CG loop
 VARIANTS = [  # settings of the CG kernels tried in the sweep; the first is the reference of the checks
     # fp32 operands: the path GPU-tested in session 3 (earlier sweeps: results/bench/h200_mesa.json)
@@ -124,8 +124,9 @@ def compiled_info(name):
 
 
 def settings(over=None):
-    """The SWEEP_KEYS of TUNING, with overrides."""
-    return {k: (over or {}).get(k, tf.TUNING[k]) for k in SWEEP_KEYS}
+    """The SWEEP_KEYS of TUNING, with overrides (a variant's rows set bwd_rows unless it names it)."""
+    over = tuning_over(over)
+    return {k: over.get(k, tf.TUNING[k]) for k in SWEEP_KEYS}
 
 
 def launch_of(over=None, backward=False):
