@@ -36,6 +36,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.mesa_states_sweep import states_sweep
 from benchmarks.timing import rel_diff, save_record, time_fwd_fwdbwd
 from kernels.common.chunking import split_chunks
 from kernels.mesa import triton_function as tf
@@ -45,7 +46,7 @@ from kernels.mesa.chunked import mesa_chunked
 from kernels.mesa.state import MesaState
 from kernels.mesa.triton_op import mesa_triton
 from kernels.mesa.triton_solve import SolveLaunch, mesa_bwd_solve, mesa_fwd_solve
-from kernels.mesa.triton_states import mesa_fwd_states
+from kernels.mesa.triton_states import StateLaunch, mesa_fwd_states
 
 CG_STEPS = 30
 # the TUNING entries a sweep variant sets (a variant leaving one out takes TUNING's)
@@ -163,7 +164,7 @@ def sweep(T, H, D, tokens, asm_dir=None):
     out, first = [], None
     for i, over in enumerate(VARIANTS):
         rec = settings(over)
-        launch = launch_of(over)
+        launch, bwd_launch = launch_of(over), launch_of(over, backward=True)
         try:
             def fwd(launch=launch, steps=CG_STEPS):
                 return mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, steps, None, 64,
@@ -174,7 +175,7 @@ def sweep(T, H, D, tokens, asm_dir=None):
             # every variant's backward starts from the same q* (the reference's), so y compares
             q_star_in = q_star if first is None else first[0]
 
-            def bwd(launch=launch, q_star_in=q_star_in):
+            def bwd(launch=bwd_launch, q_star_in=q_star_in):
                 return mesa_bwd_solve(k, v, g, beta, lamb, h_kk, h_kv, q_star_in, do, scale, CG_STEPS, None, 64,
                                       "tf32", "tf32", q.dtype, launch)
 
@@ -208,23 +209,23 @@ def kernel_breakdown(leaves, do, scale):
     from kernels.mesa.triton_states import mesa_bwd_states
 
     q, k, v, g, beta, lamb = (x.detach() for x in leaves)
-    launch, bwd_launch = launch_of(), launch_of(backward=True)
-    h_kk, _ = mesa_fwd_states(k, k, g, beta, None, False, 64, "tf32")
-    h_kv, _ = mesa_fwd_states(k, v, g, beta, None, False, 64, "tf32")
+    launch, bwd_launch, states = launch_of(), launch_of(backward=True), StateLaunch.from_tuning(tf.TUNING)
+    h_kk, _ = mesa_fwd_states(k, k, g, beta, None, False, 64, "tf32", states)
+    h_kv, _ = mesa_fwd_states(k, v, g, beta, None, False, 64, "tf32", states)
     q_star, _ = mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, CG_STEPS, None, 64, "tf32", "tf32", launch)
     y, _, e, _ = mesa_bwd_solve(k, v, g, beta, lamb, h_kk, h_kv, q_star, do, scale, CG_STEPS, None, 64, "tf32",
                                 "tf32", q.dtype, bwd_launch)
-    dh_kk, _, d1 = mesa_bwd_states(y, q_star, g, h_kk, None, -1.0, False, 64, "tf32")
-    dh_kv, _, d2 = mesa_bwd_states(q_star, do, g, h_kv, None, 1.0, False, 64, "tf32")
+    dh_kk, _, d1 = mesa_bwd_states(y, q_star, g, h_kk, None, -1.0, False, 64, "tf32", states)
+    dh_kv, _, d2 = mesa_bwd_states(q_star, do, g, h_kv, None, 1.0, False, 64, "tf32", states)
     steps = {
-        "fwd_states_x2": lambda: (mesa_fwd_states(k, k, g, beta, None, False, 64, "tf32"),
-                                  mesa_fwd_states(k, v, g, beta, None, False, 64, "tf32")),
+        "fwd_states_x2": lambda: (mesa_fwd_states(k, k, g, beta, None, False, 64, "tf32", states),
+                                  mesa_fwd_states(k, v, g, beta, None, False, 64, "tf32", states)),
         "fwd_solve": lambda: mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, CG_STEPS, None, 64, "tf32",
                                             "tf32", launch),
         "bwd_solve": lambda: mesa_bwd_solve(k, v, g, beta, lamb, h_kk, h_kv, q_star, do, scale, CG_STEPS, None, 64,
                                             "tf32", "tf32", q.dtype, bwd_launch),
-        "bwd_states_x2": lambda: (mesa_bwd_states(y, q_star, g, h_kk, None, -1.0, False, 64, "tf32"),
-                                  mesa_bwd_states(q_star, do, g, h_kv, None, 1.0, False, 64, "tf32")),
+        "bwd_states_x2": lambda: (mesa_bwd_states(y, q_star, g, h_kk, None, -1.0, False, 64, "tf32", states),
+                                  mesa_bwd_states(q_star, do, g, h_kv, None, 1.0, False, 64, "tf32", states)),
         "bwd_grads": lambda: mesa_bwd_grads(k, v, g, beta, q_star, y, do, dh_kk, dh_kv, e, d1 + d2, 64, "tf32",
                                             num_warps=int(tf.TUNING["grads_warps"])),
     }
@@ -287,6 +288,10 @@ def main():
     ap.add_argument("--variants", default="", help='JSON list replacing VARIANTS, e.g. [{"rows": 32, '
                     '"solve_warps": 8}] (keys of SWEEP_KEYS, others from TUNING; the first is the '
                     'reference of the checks)')
+    ap.add_argument("--states-variants", default="", help='JSON list of state-pass TUNING overrides timed '
+                    'per T of --states-T (benchmarks/mesa_states_sweep.py; the first is the reference), '
+                    'e.g. [{}, {"states_BK": 128}]; the best joins the fast settings')
+    ap.add_argument("--states-T", type=int, nargs="+", default=[2048, 32768])
     ap.add_argument("--asm", default="", help="folder for the TTGIR and cubin of each sweep variant's kernels")
     args = ap.parse_args()
     tf.TUNING.update(json.loads(args.tune) if args.tune else {})
@@ -314,6 +319,11 @@ def main():
         record["sweep_T8192"], fast, best = sweep(8192, args.H, args.D, args.tokens, args.asm or None)
         record["fast_variant"] = (f"VARIANTS[{best}] (least fwd + bwd solve ms among the correct ones)"
                                   if best is not None else "default (no variant passed the checks)")
+    if args.states_variants:
+        record["states_sweep"], best_states = states_sweep(make_inputs, args.states_T, args.H, args.D, args.tokens,
+                                                           json.loads(args.states_variants))
+        record["states_fast_variant"] = best_states
+        fast = {**fast, **(best_states or {})}
     record["tuning_fast"] = fast
     print("fast settings:", fast, record["fast_variant"], flush=True)
     save()

@@ -169,6 +169,8 @@ def run_ops() -> None:
          ["delta_rule", "gated_delta_rule"]),
         ("cg_operands=fp32", MESA_TUNING, {"cg_operands": "fp32"}, ["mesa"]),
         ("cg_operands=fp16_normed", MESA_TUNING, {"cg_operands": "fp16_normed"}, ["mesa"]),
+        ("mesa state passes 128 x 32, 8 warps, 3 stages", MESA_TUNING,
+         {"states_BK": 128, "states_BD": 32, "state_warps": 8, "states_stages": 3}, ["mesa"]),
     ]
     for label, settings, over, names in options:
         saved = dict(settings)

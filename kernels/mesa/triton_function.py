@@ -21,7 +21,7 @@ import torch
 
 from kernels.mesa.triton_grads import mesa_bwd_grads
 from kernels.mesa.triton_solve import SolveLaunch, mesa_bwd_solve, mesa_fwd_solve
-from kernels.mesa.triton_states import mesa_bwd_states, mesa_fwd_states
+from kernels.mesa.triton_states import StateLaunch, mesa_bwd_states, mesa_fwd_states
 
 # Launch settings and dot precisions for 16-bit inputs; benchmarks may override entries.
 # Defaults from the H200 sweep of 2026-11-29 (results/bench/h200_mesa.json, sweep_T8192):
@@ -51,7 +51,14 @@ TUNING: dict[str, object] = {
     "cg_operands": "fp16_scaled",
     "bwd_rows": 32,  # rows per program of the backward's CG (rows: the forward's)
     "solve_warps": 8,
+    # the state passes (triton_states.StateLaunch): widest row / column blocks, the narrowest
+    # column block used to reach states_min_programs programs per multiprocessor, warps, stages
+    "states_BK": 64,
+    "states_BD": 64,
+    "states_min_BD": 16,
+    "states_min_programs": 2,
     "state_warps": 4,
+    "states_stages": 2,
     "grads_warps": 8,
 }
 
@@ -86,9 +93,9 @@ class MesaFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, lamb, h_kk0, h_kv0, opts: MesaOptions):
         BT = opts.chunk_size
         prec, cg_prec = _precisions(q.dtype)
-        warps = int(TUNING["state_warps"])
-        h_kk, ht_kk = mesa_fwd_states(k, k, g, beta, h_kk0, opts.output_final_state, BT, prec, warps)
-        h_kv, ht_kv = mesa_fwd_states(k, v, g, beta, h_kv0, opts.output_final_state, BT, prec, warps)
+        states = StateLaunch.from_tuning(TUNING)
+        h_kk, ht_kk = mesa_fwd_states(k, k, g, beta, h_kk0, opts.output_final_state, BT, prec, states)
+        h_kv, ht_kv = mesa_fwd_states(k, v, g, beta, h_kv0, opts.output_final_state, BT, prec, states)
         q_star, o = mesa_fwd_solve(
             q, k, v, g, beta, lamb, h_kk, h_kv, opts.scale, opts.cg_steps, opts.cg_tol, BT, prec, cg_prec,
             launch=SolveLaunch.from_tuning(TUNING),
@@ -111,10 +118,10 @@ class MesaFunction(torch.autograd.Function):
             k, v, g, beta, lamb, h_kk, h_kv, q_star, do, opts.scale, opts.cg_steps, opts.cg_tol, BT, prec,
             cg_prec, ctx.q_dtype, launch=SolveLaunch.from_tuning(TUNING, backward=True),
         )
-        warps = int(TUNING["state_warps"])
+        states = StateLaunch.from_tuning(TUNING)
         # K x K state: its chunk term is -(Y ⊙ d)^T Q*; K x V state: (Q* ⊙ d)^T dO
-        dh_kk, dh_kk0, decay_kk = mesa_bwd_states(y, q_star, g, h_kk, dht_kk, -1.0, ctx.has_h0[0], BT, prec, warps)
-        dh_kv, dh_kv0, decay_kv = mesa_bwd_states(q_star, do, g, h_kv, dht_kv, 1.0, ctx.has_h0[1], BT, prec, warps)
+        dh_kk, dh_kk0, decay_kk = mesa_bwd_states(y, q_star, g, h_kk, dht_kk, -1.0, ctx.has_h0[0], BT, prec, states)
+        dh_kv, dh_kv0, decay_kv = mesa_bwd_states(q_star, do, g, h_kv, dht_kv, 1.0, ctx.has_h0[1], BT, prec, states)
         dk, dv, dbeta, dg = mesa_bwd_grads(
             k, v, g, beta, q_star, y, do, dh_kk, dh_kv, e, decay_kk + decay_kv, BT, prec,
             num_warps=int(TUNING["grads_warps"]),

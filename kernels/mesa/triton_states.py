@@ -20,13 +20,60 @@ Layouts: k, a: [B, T, H, KA]; b: [B, T, H, D]; g, beta: [B, T, H]; per-chunk sta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import new_buffer, warps
-from kernels.mesa.triton_system import LOG2E_CONST, decay_to_end, load_gates
+from kernels.mesa.triton_system import LOG2E_CONST, load_gates
+
+
+@dataclass(frozen=True)
+class StateLaunch:
+    """Launch settings of the state passes (TUNING in triton_function.py picks them).
+
+    max_BK / max_BD: widest row / column block of a state (powers of two, 16 .. 128); the
+    column block narrows down to min_BD while there would be fewer than min_programs
+    programs per multiprocessor (each program walks every chunk in turn); num_warps,
+    num_stages: on a GPU."""
+
+    max_BK: int = 64
+    max_BD: int = 64
+    min_BD: int = 16
+    min_programs: int = 2
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("max_BK", "max_BD", "min_BD"):
+            width = getattr(self, name)
+            if width not in (16, 32, 64, 128):
+                raise ValueError(f"mesa TUNING: states {name} must be one of 16, 32, 64, 128, got {width}")
+        if self.min_BD > self.max_BD:
+            raise ValueError(f"mesa TUNING: states min_BD ({self.min_BD}) exceeds max_BD ({self.max_BD})")
+
+    @classmethod
+    def from_tuning(cls, tuning: Mapping[str, object]) -> StateLaunch:
+        """From TUNING-style entries: states_BK, states_BD, states_min_BD, states_min_programs,
+        state_warps, states_stages (absent: the defaults above)."""
+        keys = {"max_BK": "states_BK", "max_BD": "states_BD", "min_BD": "states_min_BD",
+                "min_programs": "states_min_programs", "num_warps": "state_warps", "num_stages": "states_stages"}
+        return cls(**{field: int(tuning[key]) for field, key in keys.items() if key in tuning})
+
+
+@triton.jit
+def _later_gates(g, seq, t0, T, H, BT: tl.constexpr):
+    """exp(g_{j+1} + ... + g_C) for every token j of a chunk, [BT] (C: the chunk's last token,
+    or T's), by a reverse running sum of the gates shifted one token: O(BT) adds per chunk
+    where the masked [BT, BT] sum cost BT^2, and no subtraction (no cancellation)."""
+    o_next = t0 + 1 + tl.arange(0, BT)
+    m_next = (o_next < T) & (o_next < t0 + BT)
+    b_next = tl.load(g + seq + o_next * H, mask=m_next, other=0.0).to(tl.float32) * LOG2E_CONST
+    return tl.exp2(tl.cumsum(b_next, axis=0, reverse=True))
 
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
@@ -45,8 +92,8 @@ def mesa_fwd_states_kernel(
         t0 = i_t * BT
         store_tile(h + (i_bh * NT + i_t).to(tl.int64) * K * D, b_h, i_k * BK, i_d * BD, K, D, D, BK, BD)
         b_g, b_beta = load_gates(g, beta, seq, t0, T, H, BT)
-        b_to_end, b_chunk_decay = decay_to_end(b_g, BT)
-        b_u = b_beta * b_to_end
+        b_chunk_decay = tl.exp2(tl.sum(b_g))
+        b_u = b_beta * _later_gates(g, seq, t0, T, H, BT)
         b_kt = load_tile_t(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK).to(tl.float32)  # [BK, BT]
         b_b = load_tile(b + seq * D, t0, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
         b_h = b_h * b_chunk_decay + tl.dot(b_kt * b_u[None, :], b_b, input_precision=PREC)
@@ -80,7 +127,7 @@ def mesa_bwd_states_kernel(
         b_s = load_tile(state + chunk * K * D, i_k * BK, i_d * BD, K, D, D, BK, BD)
         block = i_k * tl.num_programs(1) + i_d
         tl.store(decay_grad + chunk * n_blocks + block, b_chunk_decay * tl.sum(b_s * b_dh))
-        b_d = tl.exp2(tl.sum(tl.where(o_i[None, :] <= o_i[:, None], b_g[None, :], 0.0), axis=1))
+        b_d = tl.exp2(tl.cumsum(b_g, axis=0))  # e^{g_1 + ... + g_i}
         b_at = load_tile_t(a + seq * K, t0, i_k * BK, T, K, H * K, BT, BK).to(tl.float32)  # [BK, BT]
         b_b = load_tile(b + seq * D, t0, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
         b_dh = b_dh * b_chunk_decay + coef * tl.dot(b_at * b_d[None, :], b_b, input_precision=PREC)
@@ -88,22 +135,21 @@ def mesa_bwd_states_kernel(
         store_tile(dstate0 + i_bh.to(tl.int64) * K * D, b_dh, i_k * BK, i_d * BD, K, D, D, BK, BD)
 
 
-def _blocks(K: int, D: int, BH: int, device: torch.device, min_programs: int) -> tuple[int, int]:
-    """Row and column blocks of a state: at most 64 wide; the column block narrows (down to
-    16) while there would be fewer than `min_programs` programs per multiprocessor, since
-    each program walks all chunks one after another."""
-    BK = max(16, min(64, triton.next_power_of_2(K)))
-    BD = max(16, min(64, triton.next_power_of_2(D)))
+def _blocks(K: int, D: int, BH: int, device: torch.device, launch: StateLaunch) -> tuple[int, int]:
+    """Row and column blocks of a state (StateLaunch: the column block narrows while there
+    would be too few programs per multiprocessor)."""
+    BK = max(16, min(launch.max_BK, triton.next_power_of_2(K)))
+    BD = max(16, min(launch.max_BD, triton.next_power_of_2(D)))
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        while BD > 16 and BH * triton.cdiv(K, BK) * triton.cdiv(D, BD) < min_programs * sms:
+        while BD > launch.min_BD and BH * triton.cdiv(K, BK) * triton.cdiv(D, BD) < launch.min_programs * sms:
             BD //= 2
     return BK, BD
 
 
 def mesa_fwd_states(
     k: torch.Tensor, b: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, h0: torch.Tensor | None,
-    output_final_state: bool, chunk_size: int, prec: str, num_warps: int = 4, min_programs: int = 2,
+    output_final_state: bool, chunk_size: int, prec: str, launch: StateLaunch = StateLaunch(),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """States entering each chunk, h: [B, H, NT, K, D] fp32, and the final state [B, H, K, D]
     fp32 (None unless output_final_state). k: [B, T, H, K]; b: [B, T, H, D] (k itself for
@@ -111,21 +157,21 @@ def mesa_fwd_states(
     B, T, H, K = k.shape
     D = b.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    BK, BD = _blocks(K, D, B * H, k.device, min_programs)
+    BK, BD = _blocks(K, D, B * H, k.device, launch)
     h = new_buffer((B, H, NT, K, D), torch.float32, k.device)
     ht = new_buffer((B, H, K, D), torch.float32, k.device) if output_final_state else None
     grid = (triton.cdiv(K, BK), triton.cdiv(D, BD), B * H)
     mesa_fwd_states_kernel[grid](
         k, b, g, beta, h0 if h0 is not None else h, h, ht if ht is not None else h, T, NT,
         H=H, K=K, D=D, BT=chunk_size, BK=BK, BD=BD, HAS_H0=h0 is not None, STORE_HT=output_final_state,
-        PREC=prec, num_warps=warps(num_warps), num_stages=2,
+        PREC=prec, num_warps=warps(launch.num_warps), num_stages=launch.num_stages,
     )
     return h, ht
 
 
 def mesa_bwd_states(
     a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, state: torch.Tensor, dht: torch.Tensor | None,
-    coef: float, need_d0: bool, chunk_size: int, prec: str, num_warps: int = 4, min_programs: int = 2,
+    coef: float, need_d0: bool, chunk_size: int, prec: str, launch: StateLaunch = StateLaunch(),
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Gradients of one state. a: [B, T, H, K]; b: [B, T, H, D]; g: [B, T, H]; state: the
     forward states entering each chunk [B, H, NT, K, D] fp32; dht: [B, H, K, D] or None.
@@ -135,7 +181,7 @@ def mesa_bwd_states(
     B, T, H, K = a.shape
     D = b.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    BK, BD = _blocks(K, D, B * H, a.device, min_programs)
+    BK, BD = _blocks(K, D, B * H, a.device, launch)
     grid = (triton.cdiv(K, BK), triton.cdiv(D, BD), B * H)
     dstate = new_buffer((B, H, NT, K, D), torch.float32, a.device)
     dstate0 = new_buffer((B, H, K, D), torch.float32, a.device) if need_d0 else None
@@ -144,6 +190,6 @@ def mesa_bwd_states(
         a, b, g, state, dht.float().contiguous() if dht is not None else dstate, dstate,
         dstate0 if dstate0 is not None else dstate, decay_grad, float(coef), T, NT,
         H=H, K=K, D=D, BT=chunk_size, BK=BK, BD=BD, HAS_DHT=dht is not None, STORE_D0=need_d0,
-        PREC=prec, num_warps=warps(num_warps), num_stages=2,
+        PREC=prec, num_warps=warps(launch.num_warps), num_stages=launch.num_stages,
     )
     return dstate, dstate0, decay_grad.sum(-1)

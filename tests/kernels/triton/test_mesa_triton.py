@@ -145,6 +145,16 @@ def test_bad_cg_settings():
         SolveLaunch.from_tuning({**triton_function.TUNING, "cg_operands": "bf16"})
 
 
+def test_bad_state_settings():
+    from kernels.mesa.triton_states import StateLaunch
+
+    assert StateLaunch.from_tuning(triton_function.TUNING) == StateLaunch()  # TUNING names the defaults
+    with pytest.raises(ValueError, match="max_BK must be one of 16, 32, 64, 128, got 48"):
+        StateLaunch.from_tuning({**triton_function.TUNING, "states_BK": 48})
+    with pytest.raises(ValueError, match="min_BD"):
+        StateLaunch.from_tuning({**triton_function.TUNING, "states_min_BD": 64, "states_BD": 32})
+
+
 def test_without_state_and_tolerance():
     """No initial state; cg_tol stops early (a huge tol stops at the Jacobi start, exactly
     cg_steps=0), a tiny one converges to the exact solve."""
