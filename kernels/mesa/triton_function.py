@@ -41,19 +41,20 @@ TUNING: dict[str, object] = {
     "diag_prec": "cg",
     # "fp16_scaled": the CG mat-vecs on fp16 operands scaled per row / per tile (tf32's 11
     # significant bits at twice its tensor-core rate, half the registers); "fp16_normed": the
-    # same with each row scaled by a norm the CG loop carries (no row-max reductions);
-    # "fp32": tf32 (or ieee) dots on fp32 tiles. H200, solve kernels at T = 8192, rows 32:
-    # fwd / bwd 25.7 / 27.1 ms (fp32) -> 19.1 / 20.6 (fp16_scaled); rows 64: 14.9 / 22.2
-    # (results/bench/h200_mesa.json, sweep of session 4); q* moved by 1.0e-4, o by 1.3e-3.
-    # fp16_normed was faster (rows 64: 12.3 / 18.1) but its first form gave NaN on the H200
-    # past convergence (not on the CPU interpreter); guarded since (NORM_FLOOR in
-    # triton_system.py), not yet re-run on a GPU
-    "cg_operands": "fp16_scaled",
+    # same with each row scaled by a norm bound the CG loop carries (no row-max reductions;
+    # rows that converged past fp32's range are dropped, NORM_FLOOR in triton_system.py);
+    # "fp32": tf32 (or ieee) dots on fp32 tiles. H200, solve kernels at T = 8192, rows 64 fwd /
+    # 32 bwd: fwd / bwd 14.8 / 20.4 ms (fp16_scaled) -> 12.1 / 16.2 (fp16_normed); fp32 operands
+    # at 32 rows 25.7 / 27.1. q* moved by 4.8e-5, o by 1.1e-3, y by 1.0e-4 (fp16_normed vs
+    # fp16_scaled; results/bench/h200_mesa.json, session 5, with every GPU test passing)
+    "cg_operands": "fp16_normed",
     "bwd_rows": 32,  # rows per program of the backward's CG (rows: the forward's)
     "solve_warps": 8,
     # the state passes (triton_states.StateLaunch): widest row / column blocks, the narrowest
     # column block used to reach states_min_programs programs per multiprocessor, warps, stages
-    "states_BK": 64,
+    # H200, both passes, fwd / bwd ms: T = 2048 (B*H = 512) 1.62 / 2.55 at 64 x 64 -> 1.14 / 2.09
+    # at 128 rows; T = 32768 (B*H = 32) 2.37 / 4.59 -> 2.25 / 3.57 (states_sweep, session 5)
+    "states_BK": 128,
     "states_BD": 64,
     "states_min_BD": 16,
     "states_min_programs": 2,

@@ -41,7 +41,7 @@ class StateLaunch:
     programs per multiprocessor (each program walks every chunk in turn); num_warps,
     num_stages: on a GPU."""
 
-    max_BK: int = 64
+    max_BK: int = 128
     max_BD: int = 64
     min_BD: int = 16
     min_programs: int = 2
