@@ -161,10 +161,10 @@ def run_ops() -> None:
     from kernels.mesa.triton_function import TUNING as MESA_TUNING
 
     options = [  # (label, the settings dict it overrides, the overrides, the ops that use it)
-        ("split_paths", LAUNCH["bwd_dqkg"], {"split_paths": 1}, ["gla_vector"]),
+        ("one backward launch, 16-row sub-chunks", LAUNCH["bwd_dqkg"], {"split_paths": 0, "sub_chunk": 16},
+         ["gla_vector"]),
         ("vector segments", LAUNCH["fwd_fused_vector"], {"segment_programs": 1056}, ["gla_vector"]),
-        ("8-row sub-chunks (forward)", LAUNCH["intra_A"], {"sub_chunk": 8}, ["gla_vector"]),
-        ("8-row sub-chunks (backward)", LAUNCH["bwd_dqkg"], {"sub_chunk": 8}, ["gla_vector"]),
+        ("16-row sub-chunks (forward)", LAUNCH["intra_A"], {"sub_chunk": 16}, ["gla_vector"]),
         ("fused delta forward", DELTA_TUNING["fused_fwd"], {"enabled": 1, "min_heads": 1},
          ["delta_rule", "gated_delta_rule"]),
         ("cg_operands=fp32", MESA_TUNING, {"cg_operands": "fp32"}, ["mesa"]),

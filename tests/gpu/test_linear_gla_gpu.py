@@ -127,12 +127,14 @@ def test_fp16_and_large_head_dims(gate):
 
 
 @pytest.mark.parametrize("gate_kind", ["near0", "strong"])
-def test_bf16_vector_split_launches(monkeypatch, gate_kind):
-    """LAUNCH["bwd_dqkg"]["split_paths"] (off by default until timed): the fast and the
-    exact chunks of the vector-gate backward in two launches with their own warps."""
+def test_bf16_vector_one_launch_16_rows(monkeypatch, gate_kind):
+    """The vector-gate settings the default replaced (session 5): the backward's fast and
+    exact chunks in one launch, sub-chunks of 16 rows in the forward and backward."""
     from kernels.common.triton.launch import LAUNCH
 
-    monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=1))
+    monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=0, sub_chunk=16))
+    monkeypatch.setitem(LAUNCH, "intra_A", dict(LAUNCH["intra_A"], sub_chunk=16))
     tensors, h0 = make_inputs(1, 8192, 2, 128, 128, torch.bfloat16, "vector", gate_kind, seed=91)
-    errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 split T=8192 gate=vector/{gate_kind}")
+    errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16],
+                                label=f"bf16 one launch, 16 rows T=8192 gate=vector/{gate_kind}")
     assert_each(errors, TOL[torch.bfloat16])

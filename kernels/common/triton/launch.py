@@ -54,12 +54,15 @@ LAUNCH: dict[str, dict[str, int]] = {
     # vector gate: intra_A with the whole K in one tile 0.44 -> 0.33 ms; bwd_dqkg at 4 warps
     # 2.34 -> 1.94 ms on mild gates (the factored path), 8.9 -> 11.5 on very negative ones
     # sub_chunk: rows per sub-chunk of the exact (strong-gate) path; 8 halves its element-by-
-    # element work for twice the (masked, full-chunk) dots: not timed yet, so 16
-    "intra_A": {"BK": 128, "num_warps": 4, "num_stages": 1, "sub_chunk": 16},
+    # element work for twice the (masked, full-chunk) dots. H200, T = 8192 (B = 8), kernel
+    # medians, mild / strong gates (tune record, session 5): intra_A 0.336 / 2.052 ms at 16 ->
+    # 0.326 / 1.406 at 8, outputs unchanged (relative difference 0.0)
+    "intra_A": {"BK": 128, "num_warps": 4, "num_stages": 1, "sub_chunk": 8},
     # split_paths 1: the fast and the exact chunks in two launches, the exact ones with
-    # bwd_dqkg_exact's warps (8 measured 8.9 ms on exact chunks in one launch, above); off
-    # until timed
-    "bwd_dqkg": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1, "split_paths": 0, "sub_chunk": 16},
+    # bwd_dqkg_exact's warps. Same session, bwd_dqkg mild / strong: one launch 1.951 / 11.567
+    # ms; split 2.372 / 9.125; split with 8-row sub-chunks 2.370 / 7.527 (1 launch, 8 rows:
+    # 1.941 / 11.973). The split costs mild gates 0.42 ms and saves strong ones 4.0: taken
+    "bwd_dqkg": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1, "split_paths": 1, "sub_chunk": 8},
     "bwd_dqkg_exact": {"num_warps": 8, "num_stages": 1},
 }
 

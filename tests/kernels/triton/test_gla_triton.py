@@ -70,11 +70,11 @@ def test_vector_gate_mixed_chunks(compare):
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
 
 
-@pytest.mark.parametrize("rows", [8, 4, 1])
+@pytest.mark.parametrize("rows", [16, 4, 1])
 def test_vector_gate_sub_chunk_rows(compare, monkeypatch, rows):
-    """The exact path with sub-chunks of other heights than 16 (LAUNCH "sub_chunk" of the
-    forward and backward kernels): strong gates, so every chunk takes it; T = 100 leaves a
-    partial chunk and a partial sub-chunk."""
+    """The exact path with sub-chunks of other heights than the default 8 (LAUNCH "sub_chunk"
+    of the forward and backward kernels): strong gates, so every chunk takes it; T = 100
+    leaves a partial chunk and a partial sub-chunk."""
     from kernels.common.triton.launch import LAUNCH
     from kernels.gated_linear_attention import triton_vector
 
@@ -94,15 +94,17 @@ def test_sub_chunk_must_be_a_power_of_two(monkeypatch):
         triton_vector.sub_chunk("intra_A", 64)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32_both_launches", "fp16_exact_only"])
-def test_vector_gate_split_launches(compare, monkeypatch, dtype):
-    """LAUNCH["bwd_dqkg"]["split_paths"]: the backward's fast and exact chunks as two
-    launches (each program of one does nothing where its chunk belongs to the other; fp16,
-    which never factors, launches the exact one alone). Mixed chunks as above: every chunk
-    written once (buffers start as NaN), every gradient right."""
+@pytest.mark.parametrize("split", [1, 0], ids=["two_launches", "one_launch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32_both_paths", "fp16_exact_only"])
+def test_vector_gate_split_launches(compare, monkeypatch, dtype, split):
+    """LAUNCH["bwd_dqkg"]["split_paths"]: 1 (the default), the backward's fast and exact chunks
+    as two launches (each program of one does nothing where its chunk belongs to the other;
+    fp16, which never factors, launches the exact one alone); 0, one launch taking both paths.
+    Mixed chunks as above: every chunk written once (buffers start as NaN), every gradient
+    right."""
     from kernels.common.triton.launch import LAUNCH
 
-    monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=1))
+    monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=split))
     tensors, h0 = make_inputs(1, 200, 2, 16, 16, dtype, vector=True, seed=16)
     g = tensors["g"].clone()
     g[:, 64:128] *= 40.0  # the second chunk exact, the others fast (fp32)
