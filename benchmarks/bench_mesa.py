@@ -8,9 +8,11 @@ Shapes (as in /work/shared/anchors): B*T = 65,536 tokens, H = 16, K = V = 128, b
 (FLA's default max_CG_iteration). Sections, in the order they run, the JSON rewritten after
 each so a run cut short keeps what it measured:
   sweep     time of the forward and backward solve kernels for each VARIANT at T = 8192,
-            q*, o and y checked against the first variant's (fp32 operands),
+            q*, o and y checked against the first variant's (the default),
             with the compiled kernels' registers, spills and shared memory; the correct one
             with the least fwd + bwd time is "fast" (JSON: tuning_fast, fast_variant)
+  states    (with --states-variants) the four state passes per launch variant at each
+            --states-T (benchmarks/mesa_states_sweep.py); the best joins "fast"
   rows      per T (curve after the first T, accuracy last): fwd and fwd+bwd medians (triton.testing.do_bench) of ours (default and
             fast settings) and FLA's chunk_mesa_net, ratios, peak memory, o against FLA's,
             and the time of each of our kernels (default and fast settings)
@@ -53,12 +55,10 @@ CG_STEPS = 30
 SWEEP_KEYS = ("rows", "bwd_rows", "solve_warps", "weights_scan", "diag_prec", "cg_operands")
 FAST_PROLOGUE = {"weights_scan": 1, "diag_prec": "cg"}  # no fp32 FMA dots before the CG loop
 VARIANTS = [  # settings of the CG kernels tried in the sweep; the first is the reference of the checks
-    # fp32 operands: the path GPU-tested in session 3 (earlier sweeps: results/bench/h200_mesa.json)
+    # the default (session 5), then the two other operand forms (earlier sweeps: results/bench/h200_mesa.json)
+    {"rows": 64, "bwd_rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_normed"},
+    {"rows": 64, "bwd_rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_scaled"},
     {"rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp32"},
-    {"rows": 64, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_scaled"},
-    {"rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_scaled"},
-    {"rows": 64, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_normed"},
-    {"rows": 32, "solve_warps": 8, **FAST_PROLOGUE, "cg_operands": "fp16_normed"},
 ]
 
 
