@@ -149,6 +149,18 @@ def run_ops() -> None:
         "gated_delta_rule": lambda: gated_delta_rule_triton(q, k, v, g_scalar, beta, scale=D**-0.5),
         "linearized_softmax_gdn": lambda: linearized_softmax_gdn_triton(q, k, v, scale=D**-0.5),
     }
+    from kernels.linearized_softmax_gdn.state import LinGDNState
+
+    # with a state: the running means start from carried sums (the preprocessing's HAS_S0 path)
+    lin_state = LinGDNState(leaf(B, H, D, D, dtype=torch.float32), leaf(B, H, D, dtype=torch.float32),
+                            leaf(B, H, D, dtype=torch.float32), 7)
+    def lin_gdn_with_state():
+        """o made to depend on every final sum, so the backward gets their gradients (HAS_DSF)."""
+        o, final = linearized_softmax_gdn_triton(q, k, v, scale=D**-0.5, initial_state=lin_state,
+                                                 output_final_state=True)
+        return o + (final.h.sum() + final.k_sum.sum() + final.v_sum.sum()).to(o.dtype)
+
+    calls["linearized_softmax_gdn with a state"] = lin_gdn_with_state
     lamb = leaf(H, D, dtype=torch.float32, fn=lambda t: F.softplus(t) + 0.25)
     calls["mesa"] = lambda: mesa_triton(q, k, v, g_scalar, beta.float(), lamb, scale=D**-0.5, cg_steps=4)
     inputs = [q, k, v, g_scalar, g_vector, beta, lamb]

@@ -48,6 +48,14 @@ class PrepOptions:
 
 
 @triton.jit
+def _load_carry(ptr, i_bh, o_d, m_d, D: tl.constexpr, BD: tl.constexpr, PRESENT: tl.constexpr):
+    """This block of a [B, H, D] fp32 sum the scan starts from ([BD]), zeros when absent."""
+    if PRESENT:
+        return tl.load(ptr + i_bh * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+    return tl.zeros([BD], dtype=tl.float32)
+
+
+@triton.jit
 def running_mean_fwd_kernel(
     x, s0, centred, mean, s_final, count, T,
     H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
@@ -60,10 +68,7 @@ def running_mean_fwd_kernel(
     seq = (i_b.to(tl.int64) * T * H + i_h) * D
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    if HAS_S0:
-        b_carry = tl.load(s0 + i_bh * D + o_d, mask=m_d, other=0.0).to(tl.float32)
-    else:
-        b_carry = tl.zeros([BD], dtype=tl.float32)
+    b_carry = _load_carry(s0, i_bh, o_d, m_d, D, BD, HAS_S0)
     for i_t in range(tl.cdiv(T, BT)):
         o_t = i_t * BT + tl.arange(0, BT)
         # 1/t at absolute positions; rows past T are masked out on store
@@ -91,10 +96,7 @@ def running_mean_bwd_kernel(
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     # carry = sum of r_s over the rows after this chunk, plus dS_T
-    if HAS_DSF:
-        b_carry = tl.load(ds_final + i_bh * D + o_d, mask=m_d, other=0.0).to(tl.float32)
-    else:
-        b_carry = tl.zeros([BD], dtype=tl.float32)
+    b_carry = _load_carry(ds_final, i_bh, o_d, m_d, D, BD, HAS_DSF)
     n_t = tl.cdiv(T, BT)
     for i in range(n_t):
         i_t = n_t - 1 - i
