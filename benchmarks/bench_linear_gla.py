@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.timing import rel_diff, time_fwd_fwdbwd
 
 TOKENS, H, D = 65536, 16, 128
-# gla_vector_strong: vector gates so negative (about -2 nats a token) that every chunk takes
-# the exact sub-chunk path instead of the factored one (kernels/gated_linear_attention/triton_vector.py)
+# gla_vector_strong: vector gates so negative (about -2 nats a token) that no chunk factors
+# whole; the rows and breakdowns record which path of triton_vector.py each chunk took
 OPS = ("linear", "gla_scalar", "gla_vector", "gla_vector_strong")
 
 
@@ -129,6 +129,22 @@ def bench_step(results: dict) -> None:
             })
 
 
+def path_shares(q: torch.Tensor, g: torch.Tensor) -> dict:
+    """Share of (chunk, head, K-block) programs on each path of the vector-gate kernels
+    (triton_vector.chunk_paths) for these inputs and the current LAUNCH settings."""
+    from kernels.common.triton.cumsum import chunk_local_cumsum
+    from kernels.common.triton.utils import LOG2E
+    from kernels.gated_linear_attention.triton_vector import chunk_paths
+
+    gamma = chunk_local_cumsum(g.float(), 64, LOG2E)
+    shares = {}
+    for entry in ("intra_A", "bwd_dqkg"):
+        paths = chunk_paths(gamma, q.dtype, 64, entry)
+        shares[entry] = {name: round(float((paths == i).float().mean()), 4)
+                         for i, name in enumerate(("chunk", "sub", "exact"))}
+    return shares
+
+
 def pipeline_kernels(op: str, T: int) -> dict:
     """Zero-argument calls of each kernel of our pipeline for `op` at one T (inputs made
     once; intermediate inputs computed with the current LAUNCH settings)."""
@@ -186,6 +202,10 @@ def bench_breakdown(results: dict, Ts: list[int], ops: list[str], variants: list
                     LAUNCH[name].update(over)
                 try:
                     row = {"op": op, "T": T, "B": TOKENS // T, "variant": variant}
+                    if op.startswith("gla_vector"):
+                        q, _, _, g = make_inputs(T, op, seed=1)
+                        row["paths"] = path_shares(q, g)
+                        del q, g
                     for name, fn in steps.items():
                         if variant and not any(name.startswith(v) or v.startswith(name) for v in variant):
                             continue  # a variant times only the kernels it changes
@@ -249,6 +269,8 @@ def main() -> None:
             q, k, v, g = make_inputs(T, op, seed=T)
             do = torch.randn_like(v)
             row = {"op": op, "B": TOKENS // T, "T": T, "H": H, "K": D, "V": D}
+            if op.startswith("gla_vector"):
+                row["paths"] = path_shares(q, g)
             r_ours, o_ours, g_ours = time_one(ours(op), q, k, v, g, do)
             row["ours"] = r_ours
             results["rows"].append(row)

@@ -177,6 +177,8 @@ def run_ops() -> None:
          ["gla_vector"]),
         ("vector segments", LAUNCH["fwd_fused_vector"], {"segment_programs": 1056}, ["gla_vector"]),
         ("16-row sub-chunks (forward)", LAUNCH["intra_A"], {"sub_chunk": 16}, ["gla_vector"]),
+        *[(f"{entry} inter_after", LAUNCH[entry], {"inter_after": 1}, ["gla_vector"])
+          for entry in ("bwd_dqkg", "bwd_dqkg_sub", "bwd_dqkg_exact")],
         ("fused delta forward", DELTA_TUNING["fused_fwd"], {"enabled": 1, "min_heads": 1},
          ["delta_rule", "gated_delta_rule"]),
         ("cg_operands=fp32", MESA_TUNING, {"cg_operands": "fp32"}, ["mesa"]),

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_gate, check_qkv, check_state, default_scale
+from kernels.common.checks import (
+    check_gate,
+    check_qkv,
+    check_state,
+    check_step_gate,
+    check_step_qkv,
+    default_scale,
+)
 from kernels.common.chunking import check_chunk_size
 from kernels.common.dispatch import resolve_backend, resolve_step_backend
 from kernels.gated_linear_attention.chunked import gated_linear_attention_chunked
 from kernels.gated_linear_attention.reference import gated_linear_attention_reference
-from kernels.common.checks import check_step_gate
 from kernels.gated_linear_attention.step import gated_linear_attention_step_unchecked
-from kernels.common.checks import check_step_qkv
 
 OP = "gated_linear_attention"
 
@@ -50,7 +55,9 @@ def gated_linear_attention(
     if backend == "torch":
         return gated_linear_attention_chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size)
     if backend == "triton":
-        from kernels.gated_linear_attention.triton_op import gated_linear_attention_triton  # lazy: optional
+        from kernels.gated_linear_attention.triton_op import (
+            gated_linear_attention_triton,  # lazy: optional
+        )
 
         return gated_linear_attention_triton(
             q, k, v, g, scale=scale, initial_state=initial_state,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 
 from kernels.common.triton.utils import check_chunk_size
-from kernels.gated_linear_attention.triton_function import ChunkGatedLinearAttentionFunction, ChunkOptions
+from kernels.gated_linear_attention.triton_function import (
+    ChunkGatedLinearAttentionFunction,
+    ChunkOptions,
+)
 
 
 def prepare_inputs(

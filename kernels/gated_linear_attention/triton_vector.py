@@ -2,26 +2,30 @@
 
 A_ij = scale sum_c q_ic k_jc e^{gamma_ic - gamma_jc} (i >= j in one chunk) does not factor
 safely as (Q ⊙ e^gamma)(K ⊙ e^-gamma)^T: e^-gamma overflows once a channel's gates sum
-below about -88 within a chunk (DESIGN §10). So each chunk is cut into sub-chunks of BC
-rows (LAUNCH "sub_chunk", 16 by default). A block of rows in sub-chunk s against columns of
-earlier sub-chunks factors around
-a reference point r = gamma at the first row of s: (Q ⊙ e^{gamma - r}) (K ⊙ e^{r - gamma})^T,
-where both exponents are <= 0 (gamma only decreases). The diagonal BC x BC blocks are
-summed element by element with the exact exponent gamma_i - gamma_j <= 0. No exponent is
-ever positive, so no gate, however negative, overflows. The backward uses the same cut.
+below about -88 within a chunk (DESIGN §10). Factoring around a reference point r inside
+the range, (Q ⊙ e^{gamma - r})(K ⊙ e^{r - gamma})^T, is safe when the exponents stay within
++-span: query factors in [2^-span, 1], key factors in [1, 2^span] for keys after r, <= 1 for
+keys before it (gamma only decreases). Each chunk and K-block takes one of three paths
+(triton_vector_paths.py), chosen from the data:
+
+1. PATH_CHUNK: every channel decays by at most 2^span across the chunk: the whole chunk
+   factors around its first row, one dot.
+2. PATH_SUB: it does so within every sub-chunk of BC rows (LAUNCH "sub_chunk"): each
+   sub-chunk's rows factor around their own first row r_s against every key up to the
+   sub-chunk's end, one dot per sub-chunk. Gates of a few nats a token (chunk spans of
+   hundreds of bits) land here.
+3. PATH_EXACT: otherwise. Blocks of rows in sub-chunk s against keys of earlier sub-chunks
+   factor around r_s (both exponents <= 0, nothing can overflow whatever the gates); the
+   diagonal BC x BC blocks are summed element by element with the exact exponent
+   gamma_i - gamma_j <= 0. Its exp2 work dominates the kernels.
+
+span is 64 (FACTORED_SPAN): with factors within 2^+-64 a key up to 2^63 and a query down to
+2^-62 stay inside the normal range of fp32 and bf16 (2^+-126), so each product keeps the
+relative rounding of the exact path's dots and no factor overflows or flushes to zero.
+fp16 (range 2^+-15) always takes the exact path. The backward uses the same cut.
 
 Padding rows past T take the gamma of the last valid row (a zero gate), so they obey the
 same ordering and never produce an overflow either.
-
-Fast path: where a chunk's gates are mild (every channel of the K-block decays by at most
-2^FACTORED_SPAN from the chunk's first row to its last), the whole chunk factors around
-r = gamma at its first row: (Q ⊙ e^{gamma - r}) (K ⊙ e^{r - gamma})^T. Then every key
-factor lies in [1, 2^span] and every query factor in [2^-span, 1]: no overflow and no
-underflow, and each product keeps the relative rounding of the sub-chunk path's dots. It is
-one dot instead of the sub-chunk dots and the element-by-element diagonal (whose exp2 work
-dominates the kernel). The choice is made per chunk and K-block from the data, so strongly
-negative gates still take the exact sub-chunk path. fp16 never takes it (scaled keys
-could leave fp16's range).
 """
 
 from __future__ import annotations
@@ -31,77 +35,62 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.launch import LAUNCH, tile
-from kernels.common.triton.tiles import load_row, load_tile, load_tile_t, store_tile
+from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import dot_precision, new_buffer, warps
+from kernels.gated_linear_attention.triton_vector_paths import (
+    PATH_CHUNK,
+    PATH_EXACT,
+    PATH_SUB,
+    chunk_path,
+    dqk_intra_chunk,
+    dqk_intra_exact,
+    dqk_intra_sub,
+    intra_A_chunk,
+    intra_A_exact,
+    intra_A_sub,
+    load_chunk_qkg,
+)
 
-# rows per sub-chunk of the exact path: LAUNCH["intra_A"] / ["bwd_dqkg"]["sub_chunk"]
-# (a power of two, at most the chunk): the element-by-element diagonal work scales with it, the
-# number of off-diagonal dots with chunk / sub_chunk
+# log2 of the largest factor the factored paths accept, per input dtype (absent: never)
+FACTORED_SPAN: dict[torch.dtype, float] = {torch.float32: 64.0, torch.bfloat16: 64.0}
+
+
+def factored_span(dtype: torch.dtype) -> float:
+    """The factored paths' bound for inputs of `dtype`; -1 (never taken) if it has none."""
+    return FACTORED_SPAN.get(dtype, -1.0)
 
 
 def sub_chunk(entry: str, chunk_size: int) -> int:
-    """The exact path's sub-chunk rows for LAUNCH[entry], checked."""
+    """Rows per sub-chunk (PATH_SUB, PATH_EXACT) for LAUNCH[entry], checked: a power of
+    two, at most the chunk. PATH_EXACT's element-by-element work scales with it, the
+    number of dots of both with chunk / sub_chunk."""
     bc = int(LAUNCH[entry].get("sub_chunk", 16))
     if bc < 1 or bc & (bc - 1):
         raise ValueError(f"LAUNCH[{entry!r}]['sub_chunk'] must be a power of two, got {bc}")
     return min(bc, chunk_size)
-# log2 of the largest key factor the fast path accepts, per input dtype (absent: never).
-# 2^32 leaves fp32's and bf16's range (2^128) far away for any sensible key.
-FACTORED_SPAN: dict[torch.dtype, float] = {torch.float32: 32.0, torch.bfloat16: 32.0}
 
 
-def factored_span(dtype: torch.dtype) -> float:
-    """The fast path's bound for inputs of `dtype`; -1 (never taken) if it has none."""
-    return FACTORED_SPAN.get(dtype, -1.0)
-
-
-@triton.jit
-def load_chunk_qkg(q, k, gamma, seq, t0, last, m_t, i_k, T,
-                   H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """One chunk's K-block: q, k [BT, BK], gamma [BT, BK] with padded rows set to the last
-    valid row (a zero gate), gamma's last and first rows [BK]. The fast path is taken where
-    max(first - last) <= span: the largest key factor it would form is 2^span."""
-    b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-    b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-    b_g = load_tile(gamma + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-    b_glast = load_row(gamma + seq * K, last, i_k * BK, T, K, H * K, BK)
-    b_g = tl.where(m_t[:, None], b_g, b_glast[None, :])
-    b_gfirst = load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
-    return b_q, b_k, b_g, b_glast, b_gfirst
-
-
-@triton.jit
-def _intra_A_exact(b_q, b_k, b_g, k, gamma, seq, t0, o_i, o_t, m_t, o_k, m_k, i_k, T,
-                   H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                   DOT_PREC: tl.constexpr):
-    """One K-block's share of a chunk's A by sub-chunks (module docstring): safe for any
-    gates. b_q, b_k, b_g: the chunk's [BT, BK] tiles (b_g padded with the last valid row)."""
-    NC: tl.constexpr = BT // BC
-    o_first = (o_i // BC) * BC  # first position of each row's sub-chunk
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    for s in tl.static_range(1, NC):
-        r0 = t0 + s * BC
-        if r0 < T:
-            # rows of sub-chunk s against keys before it, factored around r = gamma at row r0
-            b_gr = load_row(gamma + seq * K, r0, i_k * BK, T, K, H * K, BK)
-            m_rows = (o_t >= r0) & (o_t < r0 + BC)
-            b_qg = (b_q * tl.exp2(tl.where(m_rows[:, None], b_g - b_gr[None, :], float("-inf")))).to(b_q.dtype)
-            b_kg = (b_k * tl.exp2(tl.where((o_t < r0)[:, None], b_gr[None, :] - b_g, float("-inf")))).to(b_k.dtype)
-            b_A += tl.dot(b_qg, tl.trans(b_kg), input_precision=DOT_PREC)
-    # diagonal sub-chunk blocks, element by element with exact exponents: in step jj
-    # every row i meets the jj-th key of its own sub-chunk
-    b_qf = b_q.to(tl.float32)
-    for jj in range(BC):
-        o_p = o_first + jj
-        t_p = t0 + o_p
-        m_p = (t_p < T)[:, None] & m_k[None, :]
-        p_off = (seq + t_p.to(tl.int64) * H)[:, None] * K + o_k[None, :]
-        b_kp = tl.load(k + p_off, mask=m_p, other=0.0).to(tl.float32)
-        b_gp = tl.load(gamma + p_off, mask=m_p, other=0.0)
-        m_le = (o_p <= o_i)[:, None] & m_p
-        b_val = tl.sum(b_qf * b_kp * tl.exp2(tl.where(m_le, b_g - b_gp, float("-inf"))), axis=1)
-        b_A += tl.where(o_i[None, :] == o_p[:, None], b_val[:, None], 0.0)
-    return b_A
+def chunk_paths(gamma: torch.Tensor, dtype: torch.dtype, chunk_size: int, entry: str) -> torch.Tensor:
+    """The path (PATH_CHUNK / PATH_SUB / PATH_EXACT) the kernel of LAUNCH[entry] ("intra_A"
+    or "bwd_dqkg") takes for each chunk and K-block with inputs of `dtype`:
+    [B, H, NT, n K-blocks] int64. gamma: [B, T, H, K] fp32 log2 chunk-local cumulative
+    gates. The kernels' own test (chunk_path) in PyTorch, for tests and benchmark records."""
+    B, T, H, K = gamma.shape
+    BT, BC = chunk_size, sub_chunk(entry, chunk_size)
+    BK = tile(K, LAUNCH[entry]["BK"])
+    NT, NK = triton.cdiv(T, BT), triton.cdiv(K, BK)
+    g = gamma.float()
+    if NT * BT > T:  # padded rows repeat the last valid row
+        g = torch.cat([g, g[:, -1:].expand(B, NT * BT - T, H, K)], dim=1)
+    if NK * BK > K:  # padded channels never decay
+        g = torch.cat([g, g.new_zeros(B, NT * BT, H, NK * BK - K)], dim=3)
+    g = g.view(B, NT, BT // BC, BC, H, NK, BK)
+    chunk_span = (g[:, :, 0, 0] - g[:, :, -1, -1]).amax(-1)  # [B, NT, H, NK]
+    sub_span = (g[:, :, :, :1] - g).amax(dim=(2, 3)).amax(-1)
+    span = factored_span(dtype)
+    paths = torch.full_like(chunk_span, PATH_EXACT.value, dtype=torch.int64)
+    paths = paths.masked_fill(sub_span <= span, PATH_SUB.value).masked_fill(chunk_span <= span, PATH_CHUNK.value)
+    return paths.permute(0, 2, 1, 3)
 
 
 @triton.jit
@@ -123,15 +112,15 @@ def gla_intra_A_kernel(
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q, b_k, b_g, b_glast, b_gfirst = load_chunk_qkg(q, k, gamma, seq, t0, last, m_t, i_k, T, H, K, BT, BK)
-        if tl.max(b_gfirst - b_glast, axis=0) <= span:
-            # fast path (module docstring): one dot around the chunk's first row
-            b_qg = (b_q * tl.exp2(b_g - b_gfirst[None, :])).to(b_q.dtype)
-            b_kg = (b_k * tl.exp2(b_gfirst[None, :] - b_g)).to(b_k.dtype)
-            b_A += tl.where(m_causal, tl.dot(b_qg, tl.trans(b_kg), input_precision=DOT_PREC), 0.0)
+        b_q, b_k, b_g, _, b_gfirst = load_chunk_qkg(q, k, gamma, seq, t0, last, m_t, i_k, T, H, K, BT, BK)
+        path = chunk_path(gamma, seq, t0, last, i_k, T, span, H, K, BT, BC, BK)
+        if path == PATH_CHUNK:
+            b_A += tl.where(m_causal, intra_A_chunk(b_q, b_k, b_g, b_gfirst, DOT_PREC), 0.0)
+        elif path == PATH_SUB:
+            b_A += intra_A_sub(b_q, b_k, b_g, gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK, DOT_PREC)
         else:
-            b_A += _intra_A_exact(b_q, b_k, b_g, k, gamma, seq, t0, o_i, o_t, m_t, o_k, m_k, i_k, T,
-                                  H, K, BT, BC, BK, DOT_PREC)
+            b_A += intra_A_exact(b_q, b_k, b_g, k, gamma, seq, t0, o_i, o_t, m_t, o_k, m_k, i_k, T,
+                                 H, K, BT, BC, BK, DOT_PREC)
     store_tile(A + seq * BT, b_A * scale, t0, 0, T, BT, H * BT, BT, BT)
 
 
@@ -153,74 +142,11 @@ def gla_intra_A(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, scale: fl
 
 
 @triton.jit
-def _dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k, i_k, T,
-                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                     DOT_PREC: tl.constexpr):
-    """Intra-chunk dq, dk of one K-block by sub-chunks (module docstring), safe for any gates:
-    dq_i = sum_{j<=i} dA_ij k_j e^{gamma_i - gamma_j}, dk_j = sum_{i>=j} dA_ij q_i e^{gamma_i - gamma_j}.
-    b_dA: [BT, BT] fp32 (causal, scaled); returns (dq, dk) [BT, BK] fp32."""
-    # --- intra-chunk, off-diagonal sub-chunk blocks (masked full-chunk products)
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    NC: tl.constexpr = BT // BC
-    for s in tl.static_range(1, NC):
-        r0 = t0 + s * BC
-        if r0 < T:
-            # rows of sub-chunk s against keys before it, around r = gamma at row r0
-            b_gr = load_row(gamma + seq * K, r0, i_k * BK, T, K, H * K, BK)
-            m_rows = (o_t >= r0) & (o_t < r0 + BC)
-            b_kg = (b_k * tl.exp2(tl.where((o_t < r0)[:, None], b_gr[None, :] - b_g, float("-inf")))).to(b_k.dtype)
-            b_dAs = tl.where(m_rows[:, None], b_dA, 0.0).to(b_k.dtype)
-            b_part = tl.dot(b_dAs, b_kg, input_precision=DOT_PREC)
-            b_dq += b_part * tl.exp2(tl.where(m_rows[:, None], b_g - b_gr[None, :], float("-inf")))
-    for s in tl.static_range(0, NC - 1):
-        c_end = t0 + s * BC + BC - 1
-        if c_end < last:
-            # keys of sub-chunk s against queries after it, around r = gamma at row c_end
-            b_gr = load_row(gamma + seq * K, c_end, i_k * BK, T, K, H * K, BK)
-            m_cols = (o_t > c_end - BC) & (o_t <= c_end)
-            b_qg = (b_q * tl.exp2(tl.where((o_t > c_end)[:, None], b_g - b_gr[None, :], float("-inf")))).to(b_q.dtype)
-            b_dAs = tl.where(m_cols[None, :], b_dA, 0.0).to(b_q.dtype)
-            b_part = tl.dot(tl.trans(b_dAs), b_qg, input_precision=DOT_PREC)
-            b_dk += b_part * tl.exp2(tl.where(m_cols[:, None], b_gr[None, :] - b_g, float("-inf")))
-
-    # --- intra-chunk, diagonal sub-chunk blocks, element by element
-    o_first = (o_i // BC) * BC  # first in-chunk row of each row's sub-chunk
-    for jj in range(BC):
-        o_p = o_first + jj  # partner position in the same sub-chunk
-        t_p = t0 + o_p
-        m_p = (t_p < T)[:, None] & m_k[None, :]
-        p_off = (seq + t_p.to(tl.int64) * H)[:, None] * K + o_k[None, :]
-        b_gp = tl.load(gamma + p_off, mask=m_p, other=0.0)
-        # dq_i += dA_ip k_p e^{gamma_i - gamma_p} for partners p <= i
-        b_dA_ip = tl.sum(tl.where(o_i[None, :] == o_p[:, None], b_dA, 0.0), axis=1)
-        b_kp = tl.load(k + p_off, mask=m_p, other=0.0).to(tl.float32)
-        m_le = (o_p <= o_i)[:, None] & m_p
-        b_dq += b_dA_ip[:, None] * b_kp * tl.exp2(tl.where(m_le, b_g - b_gp, float("-inf")))
-        # dk_j += dA_pj q_p e^{gamma_p - gamma_j} for partners p >= j
-        b_dA_pj = tl.sum(tl.where(o_i[:, None] == o_p[None, :], b_dA, 0.0), axis=0)
-        b_qp = tl.load(q + p_off, mask=m_p, other=0.0).to(tl.float32)
-        m_ge = (o_p >= o_i)[:, None] & m_p
-        b_dk += b_dA_pj[:, None] * b_qp * tl.exp2(tl.where(m_ge, b_gp - b_g, float("-inf")))
-    return b_dq, b_dk
-
-
-@triton.jit
-def _dqkg_chunk(
-    q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT, i_k, i_t, i_bh, seq, t0, last,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DOT_PREC: tl.constexpr, PATHS: tl.constexpr,
-):
-    """dq, dk, dg of one chunk's K-block (gla_bwd_dqkg_kernel's program)."""
-    o_i = tl.arange(0, BT)  # position in the chunk
-    o_t = t0 + o_i
-    m_t = o_t < T
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
-    state = (i_bh * NT + i_t).to(tl.int64) * K * V
-
-    # --- everything that sums over V: inter-chunk parts, dA, and <S, dS'> per channel
+def _sums_over_v(v, do, h, dh, seq, state, t0, i_k, T,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                 BV: tl.constexpr, DOT_PREC: tl.constexpr, WANT_DA: tl.constexpr, WANT_INTER: tl.constexpr):
+    """One chunk's sums over V (zeros where not wanted): dO h^T and V dh^T ([BT, BK], the
+    inter-chunk parts of dq, dk), dA = dO V^T ([BT, BT]) and <h, dh> per channel ([BK])."""
     b_dq_inter = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk_inter = tl.zeros([BT, BK], dtype=tl.float32)
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
@@ -228,28 +154,58 @@ def _dqkg_chunk(
     for i_v in range(tl.cdiv(V, BV)):
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
         b_do = load_tile(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
-        b_ht = load_tile_t(h + state, i_k * BK, i_v * BV, K, V, V, BK, BV)
-        b_dht = load_tile_t(dh + state, i_k * BK, i_v * BV, K, V, V, BK, BV)
-        b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
-        b_dq_inter += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=DOT_PREC)
-        b_dk_inter += tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=DOT_PREC)
-        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+        if WANT_INTER:
+            b_ht = load_tile_t(h + state, i_k * BK, i_v * BV, K, V, V, BK, BV)
+            b_dht = load_tile_t(dh + state, i_k * BK, i_v * BV, K, V, V, BK, BV)
+            b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+            b_dq_inter += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=DOT_PREC)
+            b_dk_inter += tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=DOT_PREC)
+        if WANT_DA:
+            b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+    return b_dq_inter, b_dk_inter, b_dA, b_hdh
 
+
+@triton.jit
+def _dqkg_chunk(
+    q, k, v, gamma, h, do, dh, dq, dk, dg, scale, path, T, NT, i_k, i_t, i_bh, seq, t0, last,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT_PREC: tl.constexpr, ONLY_PATH: tl.constexpr, INTER_AFTER: tl.constexpr,
+):
+    """dq, dk, dg of one chunk's K-block (gla_bwd_dqkg_kernel's program); path: its
+    chunk_path; ONLY_PATH >= 0: the launch compiles that path alone."""
+    o_i = tl.arange(0, BT)  # position in the chunk
+    o_t = t0 + o_i
+    m_t = o_t < T
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    state = (i_bh * NT + i_t).to(tl.int64) * K * V
+
+    # --- everything that sums over V: dA, and (here or after the intra-chunk part, which
+    # then runs with fewer live tiles) the inter-chunk parts and <S, dS'> per channel
+    b_dq_inter, b_dk_inter, b_dA, b_hdh = _sums_over_v(v, do, h, dh, seq, state, t0, i_k, T, H, K, V, BT, BK, BV,
+                                                       DOT_PREC, True, INTER_AFTER == 0)
     b_q, b_k, b_g, b_glast, b_gfirst = load_chunk_qkg(q, k, gamma, seq, t0, last, m_t, i_k, T, H, K, BT, BK)
     b_dA = tl.where(o_i[:, None] >= o_i[None, :], b_dA, 0.0) * scale
 
-    # --- intra-chunk part: one factored dot pair when the gates are mild, else sub-chunks
-    # (PATHS 1 / 2: the launch has sorted the chunks already, only one path is compiled)
-    if PATHS == 1:
-        b_dq, b_dk = _dqk_intra_factored(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC)
-    elif PATHS == 2:
-        b_dq, b_dk = _dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k,
-                                      i_k, T, H, K, BT, BC, BK, DOT_PREC)
-    elif tl.max(b_gfirst - b_glast, axis=0) <= span:
-        b_dq, b_dk = _dqk_intra_factored(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC)
+    # --- intra-chunk part by the chunk's path
+    if ONLY_PATH == PATH_CHUNK:
+        b_dq, b_dk = dqk_intra_chunk(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC)
+    elif ONLY_PATH == PATH_SUB:
+        b_dq, b_dk = dqk_intra_sub(b_q, b_k, b_g, b_dA, gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK, DOT_PREC)
+    elif ONLY_PATH == PATH_EXACT:
+        b_dq, b_dk = dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k,
+                                     i_k, T, H, K, BT, BC, BK, DOT_PREC)
+    elif path == PATH_CHUNK:
+        b_dq, b_dk = dqk_intra_chunk(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC)
+    elif path == PATH_SUB:
+        b_dq, b_dk = dqk_intra_sub(b_q, b_k, b_g, b_dA, gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK, DOT_PREC)
     else:
-        b_dq, b_dk = _dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k,
-                                      i_k, T, H, K, BT, BC, BK, DOT_PREC)
+        b_dq, b_dk = dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k,
+                                     i_k, T, H, K, BT, BC, BK, DOT_PREC)
+    if INTER_AFTER:
+        b_dq_inter, b_dk_inter, _, b_hdh = _sums_over_v(v, do, h, dh, seq, state, t0, i_k, T, H, K, V, BT, BK,
+                                                        BV, DOT_PREC, False, True)
     b_qf = b_q.to(tl.float32)
     b_kf = b_k.to(tl.float32)
 
@@ -267,47 +223,29 @@ def _dqkg_chunk(
 
 
 @triton.jit
-def _dqk_intra_factored(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC: tl.constexpr):
-    """The fast path's intra-chunk dq, dk: one dot each around the chunk's first row."""
-    b_kg = (b_k * tl.exp2(b_gfirst[None, :] - b_g)).to(b_k.dtype)
-    b_qg = (b_q * tl.exp2(b_g - b_gfirst[None, :])).to(b_q.dtype)
-    b_dAc = b_dA.to(b_k.dtype)
-    b_dq = tl.dot(b_dAc, b_kg, input_precision=DOT_PREC) * tl.exp2(b_g - b_gfirst[None, :])
-    b_dk = tl.dot(tl.trans(b_dAc), b_qg, input_precision=DOT_PREC) * tl.exp2(b_gfirst[None, :] - b_g)
-    return b_dq, b_dk
-
-
-@triton.jit
 def gla_bwd_dqkg_kernel(
     q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DOT_PREC: tl.constexpr, PATHS: tl.constexpr,
+    DOT_PREC: tl.constexpr, ONLY_PATH: tl.constexpr, INTER_AFTER: tl.constexpr,
 ):
-    """One program per (K-block, chunk, head). PATHS 0: each program takes the fast or the
-    exact path for its chunk; 1 (2): only programs whose chunk takes the fast (exact) path
-    do any work, so a pair of launches covers every chunk once, each compiled for one path
-    with its own num_warps."""
+    """One program per (K-block, chunk, head). ONLY_PATH -1: each program takes its chunk's
+    path; PATH_CHUNK / PATH_SUB / PATH_EXACT: only programs whose chunk takes that path do
+    any work, so one launch per path covers every chunk once, each compiled for its path
+    alone with its own num_warps."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     seq = i_b.to(tl.int64) * T * H + i_h
     t0 = i_t * BT
     last = tl.minimum(t0 + BT, T) - 1
-    if PATHS == 0:
-        _dqkg_chunk(q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT, i_k, i_t, i_bh, seq, t0, last,
-                    H, K, V, BT, BC, BK, BV, DOT_PREC, PATHS)
+    path = chunk_path(gamma, seq, t0, last, i_k, T, span, H, K, BT, BC, BK)
+    if ONLY_PATH < 0:
+        run = path >= 0
     else:
-        # the same test as load_chunk_qkg's rows make in _dqkg_chunk (PATHS 0)
-        b_span = tl.max(load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
-                        - load_row(gamma + seq * K, last, i_k * BK, T, K, H * K, BK), axis=0)
-        if PATHS == 1:
-            if b_span <= span:
-                _dqkg_chunk(q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT, i_k, i_t, i_bh, seq, t0,
-                            last, H, K, V, BT, BC, BK, BV, DOT_PREC, PATHS)
-        else:
-            if b_span > span:
-                _dqkg_chunk(q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT, i_k, i_t, i_bh, seq, t0,
-                            last, H, K, V, BT, BC, BK, BV, DOT_PREC, PATHS)
+        run = path == ONLY_PATH
+    if run:
+        _dqkg_chunk(q, k, v, gamma, h, do, dh, dq, dk, dg, scale, path, T, NT, i_k, i_t, i_bh, seq, t0, last,
+                    H, K, V, BT, BC, BK, BV, DOT_PREC, ONLY_PATH, INTER_AFTER)
 
 
 def gla_bwd_dqkg(
@@ -330,16 +268,17 @@ def gla_bwd_dqkg(
     dg = new_buffer((B, T, H, K), torch.float32, q.device)
     grid = (triton.cdiv(K, BK), NT, B * H)
     span = factored_span(q.dtype)
-    # split_paths: the fast and the exact chunks as two launches with their own warps (an
-    # exact-only dtype, span < 0, needs just the one); else one launch choosing per chunk
-    launches = [(0, cfg)]
+    # split_paths: one launch per path, each with its own warps (an exact-only dtype,
+    # span < 0, needs just the exact one); else one launch choosing per chunk
+    launches = [(-1, cfg)]
     if cfg["split_paths"]:
-        exact = (2, LAUNCH["bwd_dqkg_exact"])
-        launches = [exact] if span < 0 else [(1, cfg), exact]
-    for paths, launch in launches:
+        exact = (PATH_EXACT.value, LAUNCH["bwd_dqkg_exact"])
+        launches = [exact] if span < 0 else [(PATH_CHUNK.value, cfg), (PATH_SUB.value, LAUNCH["bwd_dqkg_sub"]), exact]
+    for only_path, launch in launches:
         gla_bwd_dqkg_kernel[grid](
             q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT,
             H=H, K=K, V=V, BT=BT, BC=sub_chunk("bwd_dqkg", BT), BK=BK, BV=BV, DOT_PREC=dot_precision(q.dtype),
-            PATHS=paths, num_warps=warps(launch["num_warps"]), num_stages=launch["num_stages"],
+            ONLY_PATH=only_path, INTER_AFTER=launch.get("inter_after", 0),
+            num_warps=warps(launch["num_warps"]), num_stages=launch["num_stages"],
         )
     return dq, dk, dg

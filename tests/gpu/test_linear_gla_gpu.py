@@ -27,7 +27,9 @@ def make_inputs(B, T, H, K, V, dtype, gate, gate_kind, seed):
     """q, k (l2-normalised keys, as models use), v, g and h0 on the GPU.
 
     gate: "none" | "scalar" | "vector"; gate_kind: "near0" (logsigmoid(N(4, 1)), decays
-    around 0.98) or "strong" (uniform in [-12, 0] per token: a chunk sums to hundreds)."""
+    around 0.98), "moderate" (logsigmoid(N(-2, 1)), about -2 a token: the vector gate's
+    sub-chunk factored path) or "strong" (uniform in [-12, 0] per token: a chunk sums to
+    hundreds, the vector gate's exact path for most chunks)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
     q = torch.randn(B, T, H, K, device=dev, generator=gen).to(dtype)
@@ -38,6 +40,8 @@ def make_inputs(B, T, H, K, V, dtype, gate, gate_kind, seed):
         shape = (B, T, H, K) if gate == "vector" else (B, T, H)
         if gate_kind == "near0":
             g = F.logsigmoid(torch.randn(shape, device=dev, generator=gen) + 4.0)
+        elif gate_kind == "moderate":
+            g = F.logsigmoid(torch.randn(shape, device=dev, generator=gen) - 2.0)
         else:
             g = -12.0 * torch.rand(shape, device=dev, generator=gen)
         tensors["g"] = g.float()
@@ -70,8 +74,26 @@ def check_against_fp64(tensors, h0, tol, chunk_size=64, label=""):
     errors = {"o": rel_err(o, o_ref), "final_state": rel_err(ht, ht_ref)}
     for name, g, g_ref in zip(ours, grads, grads_ref):
         errors["d" + name] = rel_err(g, g_ref)
-    print(f"\nGPU-ERR {label}: " + " ".join(f"{n}={e:.2e}" for n, e in errors.items()))
+    paths = ""
+    if "g" in tensors and tensors["g"].dim() == 4:
+        paths = " paths " + str(vector_path_shares(tensors, chunk_size))
+    print(f"\nGPU-ERR {label}: " + " ".join(f"{n}={e:.2e}" for n, e in errors.items()) + paths)
     return errors
+
+
+def vector_path_shares(tensors, chunk_size):
+    """Share of programs on each path of the vector-gate kernels (intra_A / bwd_dqkg):
+    which paths a case checked."""
+    from kernels.common.triton.cumsum import chunk_local_cumsum
+    from kernels.common.triton.utils import LOG2E
+    from kernels.gated_linear_attention.triton_vector import chunk_paths
+
+    gamma = chunk_local_cumsum(tensors["g"].float().contiguous(), chunk_size, LOG2E)
+    shares = {}
+    for entry in ("intra_A", "bwd_dqkg"):
+        paths = chunk_paths(gamma, tensors["q"].dtype, chunk_size, entry)
+        shares[entry] = [round(float((paths == i).float().mean()), 3) for i in range(3)]
+    return shares
 
 
 def assert_each(errors, tol):
@@ -86,6 +108,7 @@ def assert_each(errors, tol):
         ("scalar", "near0", 32768),
         ("scalar", "strong", 8192),
         ("vector", "near0", 32768),
+        ("vector", "moderate", 32768),
         ("vector", "strong", 8192),
     ],
 )
@@ -100,6 +123,15 @@ def test_bf16_long_sequences(gate, gate_kind, T):
 def test_fp32(gate, K, V, T):
     tensors, h0 = make_inputs(2, T, 3, K, V, torch.float32, gate, "near0", seed=K + T)
     errors = check_against_fp64(tensors, h0, TOL[torch.float32], label=f"fp32 T={T} K={K} V={V} gate={gate}")
+    assert_each(errors, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("gate_kind", ["moderate", "strong"])
+def test_fp32_vector_partial_blocks(gate_kind):
+    """fp32 vector gates off the whole-chunk path, K = 100 (the backward's second K-block
+    partial) and V = 60."""
+    tensors, h0 = make_inputs(2, 777, 3, 100, 60, torch.float32, "vector", gate_kind, seed=5)
+    errors = check_against_fp64(tensors, h0, TOL[torch.float32], label=f"fp32 T=777 K=100 V=60 vector/{gate_kind}")
     assert_each(errors, TOL[torch.float32])
 
 
@@ -126,10 +158,10 @@ def test_fp16_and_large_head_dims(gate):
     assert_each(errors, TOL[torch.float16])
 
 
-@pytest.mark.parametrize("gate_kind", ["near0", "strong"])
+@pytest.mark.parametrize("gate_kind", ["near0", "moderate", "strong"])
 def test_bf16_vector_one_launch_16_rows(monkeypatch, gate_kind):
-    """The vector-gate settings the default replaced (session 5): the backward's fast and
-    exact chunks in one launch, sub-chunks of 16 rows in the forward and backward."""
+    """Vector-gate settings off by default: the backward's paths in one launch, sub-chunks of
+    16 rows in the forward and backward."""
     from kernels.common.triton.launch import LAUNCH
 
     monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=0, sub_chunk=16))

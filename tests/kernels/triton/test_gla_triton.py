@@ -29,6 +29,30 @@ def make_inputs(B, T, H, K, V, dtype, vector, gate_scale=1.0, seed=0):
     return {"q": q, "k": k, "v": v, "g": g}, h0
 
 
+def path_census(g: torch.Tensor, dtype: torch.dtype, entry: str, chunk_size: int = 64) -> list[list[int]]:
+    """Per chunk (of sequence 0, head 0), the paths triton_vector's kernels take for these
+    natural-log gates: the kernels' own test, run in PyTorch."""
+    from kernels.common.triton.cumsum import chunk_local_cumsum
+    from kernels.common.triton.utils import LOG2E
+    from kernels.gated_linear_attention.triton_vector import chunk_paths
+
+    gamma = chunk_local_cumsum(g.float().contiguous(), chunk_size, LOG2E)
+    return chunk_paths(gamma, dtype, chunk_size, entry)[0, 0].tolist()
+
+
+def three_path_gates(B, T, H, K, seed):
+    """Natural-log vector gates for T = 200 (chunks of 64: 0-63, 64-127, 128-191, 192-199):
+    mild in chunk 0 (whole-chunk factoring), -1 to -3 a token in chunks 1 and 3 (about
+    4 bits a row: 180 across a chunk, under 30 within 8 rows), -10 to -20 in chunk 2
+    (over 100 bits within 8 rows: the exact path)."""
+    gen = torch.Generator().manual_seed(seed)
+    g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 4.0)
+    g[:, 64:128] = -1.0 - 2.0 * torch.rand(B, 64, H, K, generator=gen)
+    g[:, 128:192] = -10.0 - 10.0 * torch.rand(B, 64, H, K, generator=gen)
+    g[:, 192:] = -1.0 - 2.0 * torch.rand(B, T - 192, H, K, generator=gen)
+    return g
+
+
 SHAPES = [
     (1, 1, 2, 16, 16),
     (1, 63, 2, 16, 32),
@@ -60,28 +84,34 @@ def test_strongly_negative_gates(compare, vector):
 
 
 def test_vector_gate_mixed_chunks(compare):
-    """Mild gates in the first chunk (the factored fast path of triton_vector.py) and
-    strongly negative ones in the second (the sub-chunk path), in one call and in one
+    """Mild gates in the first chunk (whole-chunk factoring in triton_vector.py) and
+    strongly negative ones in the second (the exact sub-chunk path), in one call and in one
     K-block: both paths, the hand-over between them, outputs and every gradient."""
     tensors, h0 = make_inputs(1, 100, 1, 16, 16, torch.float32, vector=True, seed=14)
     g = tensors["g"].clone()
-    g[:, 64:] *= 40.0  # per-token gates down to about -50: a chunk's span far beyond 2^32
+    g[:, 64:] = -12.0 - 8.0 * torch.rand(1, 36, 1, 16, generator=torch.Generator().manual_seed(14))
     tensors["g"] = g
+    assert path_census(g, torch.float32, "intra_A") == [[0], [2]]
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
 
 
-@pytest.mark.parametrize("rows", [16, 4, 1])
-def test_vector_gate_sub_chunk_rows(compare, monkeypatch, rows):
+@pytest.mark.parametrize("rows", [16, 4, 2])
+def test_vector_gate_exact_path_rows(compare, monkeypatch, rows):
     """The exact path with sub-chunks of other heights than the default 8 (LAUNCH "sub_chunk"
-    of the forward and backward kernels): strong gates, so every chunk takes it; T = 100
-    leaves a partial chunk and a partial sub-chunk."""
+    of the forward and backward kernels): gates of -1 to -3 a token, and -70 (over 64 bits
+    in one step) at the second row of each chunk in one channel, so every chunk takes it;
+    T = 100 leaves a partial chunk and sub-chunk."""
     from kernels.common.triton.launch import LAUNCH
     from kernels.gated_linear_attention import triton_vector
 
     for entry in ("intra_A", "bwd_dqkg"):
         monkeypatch.setitem(LAUNCH, entry, dict(LAUNCH[entry], sub_chunk=rows))
     assert triton_vector.sub_chunk("intra_A", 64) == rows
-    tensors, h0 = make_inputs(1, 100, 1, 16, 16, torch.float32, vector=True, gate_scale=20.0, seed=17)
+    tensors, h0 = make_inputs(1, 100, 1, 16, 16, torch.float32, vector=True, seed=17)
+    g = -1.0 - 2.0 * torch.rand(1, 100, 1, 16, generator=torch.Generator().manual_seed(17))
+    g[:, 1::64, :, 0] = -70.0
+    tensors["g"] = g
+    assert path_census(tensors["g"], torch.float32, "bwd_dqkg") == [[2], [2]]
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
 
 
@@ -95,24 +125,78 @@ def test_sub_chunk_must_be_a_power_of_two(monkeypatch):
 
 
 @pytest.mark.parametrize("split", [1, 0], ids=["two_launches", "one_launch"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32_both_paths", "fp16_exact_only"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32_three_paths", "fp16_exact_only"])
 def test_vector_gate_split_launches(compare, monkeypatch, dtype, split):
-    """LAUNCH["bwd_dqkg"]["split_paths"]: 1 (the default), the backward's fast and exact chunks
-    as two launches (each program of one does nothing where its chunk belongs to the other;
-    fp16, which never factors, launches the exact one alone); 0, one launch taking both paths.
-    Mixed chunks as above: every chunk written once (buffers start as NaN), every gradient
-    right."""
+    """Chunks on all three paths of triton_vector.py in one call and one K-block (whole
+    chunk factored, sub-chunks factored, exact), checked by the kernels' own test first;
+    fp16 never factors. LAUNCH["bwd_dqkg"]["split_paths"]: 1 (the default), the backward's
+    factored and exact chunks as two launches (each program of one does nothing where its
+    chunk belongs to the other; fp16 launches the exact one alone); 0, one launch taking
+    every path. Every chunk written once (buffers start as NaN), every gradient right."""
     from kernels.common.triton.launch import LAUNCH
 
     monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=split))
     tensors, h0 = make_inputs(1, 200, 2, 16, 16, dtype, vector=True, seed=16)
-    g = tensors["g"].clone()
-    g[:, 64:128] *= 40.0  # the second chunk exact, the others fast (fp32)
-    tensors["g"] = g
-    # log2-unit decay across each chunk (the kernels' test): only the second is beyond 2^32
-    spans = [float(-g[:, t0:t0 + 64].float().sum(1).max()) / math.log(2) for t0 in (0, 64, 128)]
-    assert spans[1] > 32 > max(spans[0], spans[2])
+    tensors["g"] = three_path_gates(1, 200, 2, 16, seed=16).to(dtype)
+    # chunk 3 has 8 rows: its 7 gate steps stay within 2^64, so it factors whole
+    expected = [[0], [1], [2], [0]] if dtype == torch.float32 else [[2]] * 4
+    for entry in ("intra_A", "bwd_dqkg"):
+        assert path_census(tensors["g"], dtype, entry) == expected, entry
     compare(gated_linear_attention, tensors, h0, TOL[dtype])
+
+
+def test_vector_gate_inter_after(compare, monkeypatch):
+    """LAUNCH "inter_after" 1: the backward's sums over V for the inter-chunk parts after
+    the intra-chunk part, on every path's launch."""
+    from kernels.common.triton.launch import LAUNCH
+
+    for entry in ("bwd_dqkg", "bwd_dqkg_sub", "bwd_dqkg_exact"):
+        monkeypatch.setitem(LAUNCH, entry, dict(LAUNCH[entry], inter_after=1))
+    tensors, h0 = make_inputs(1, 200, 1, 16, 16, torch.float32, vector=True, seed=20)
+    tensors["g"] = three_path_gates(1, 200, 1, 16, seed=20)
+    assert path_census(tensors["g"], torch.float32, "bwd_dqkg") == [[0], [1], [2], [0]]
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("rows", [16, 4, 1])
+def test_vector_gate_sub_path_rows(compare, monkeypatch, rows):
+    """The sub-chunk factored path with sub-chunks of other heights than the default 8:
+    16 rows (15 steps of up to 4.3 bits: still under 2^64), 4, and 1 (which every gate
+    satisfies); T = 100 leaves a partial chunk and sub-chunk."""
+    from kernels.common.triton.launch import LAUNCH
+
+    for entry in ("intra_A", "bwd_dqkg"):
+        monkeypatch.setitem(LAUNCH, entry, dict(LAUNCH[entry], sub_chunk=rows))
+    tensors, h0 = make_inputs(1, 100, 1, 16, 16, torch.float32, vector=True, seed=18)
+    gen = torch.Generator().manual_seed(18)
+    tensors["g"] = -1.0 - 2.0 * torch.rand(1, 100, 1, 16, generator=gen)
+    assert path_census(tensors["g"], torch.float32, "intra_A") == [[1], [1]]
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+
+
+def test_vector_gate_sub_path_equals_exact(monkeypatch):
+    """The sub-chunk factored path is the exact path's maths in another order: forcing the
+    exact path (span -1) on gates that take the sub path changes outputs and gradients
+    only by fp32 rounding."""
+    from kernels.gated_linear_attention import triton_vector
+    from tests.util import rel_err
+
+    tensors, _ = make_inputs(1, 130, 2, 32, 16, torch.float32, vector=True, seed=19)
+    gen = torch.Generator().manual_seed(19)
+    tensors["g"] = -1.0 - 2.0 * torch.rand(1, 130, 2, 32, generator=gen)
+    assert path_census(tensors["g"], torch.float32, "bwd_dqkg") == [[1], [1], [0]]
+
+    def run():
+        leaves = {n: t.detach().clone().requires_grad_(True) for n, t in tensors.items()}
+        o, _ = gated_linear_attention(**leaves, backend="triton")
+        o.backward(torch.ones_like(o))
+        return [o.detach()] + [leaves[n].grad for n in ("q", "k", "v", "g")]
+
+    default = run()
+    monkeypatch.setattr(triton_vector, "factored_span", lambda dtype: -1.0)
+    exact = run()
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dg"), default, exact):
+        assert rel_err(a, b) < 1e-5, name
 
 
 @pytest.mark.parametrize("span", [-1.0, 1e9], ids=["never_factored", "always_factored"])
