@@ -16,7 +16,8 @@
 # parallel processes into that cache (benchmarks/fla_warm_compile.py), so that the rows'
 # same-process FLA autotuning finds them compiled.
 # TESTS_S / LIN_GDN_S / TUNE_S / ROWS_S: stage limits (s); TESTS: the GPU test files;
-# ROWS_OPS / TUNE_T: ops and lengths.
+# ROWS_OPS / ROWS_T / ROWS_FLA / TUNE_OPS / TUNE_T: ops and lengths (ROWS_FLA: the ops timed
+# with FLA beside ours; empty: ours only).
 # VARIANTS: JSON list of LAUNCH overrides (kernels/common/triton/launch.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,8 @@ export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1
 if ls .triton_cache_parts/triton_cache.tgz.part-* >/dev/null 2>&1; then
     cat .triton_cache_parts/triton_cache.tgz.part-* | tar xzf - && echo "Triton cache restored: $(du -sh .triton_cache | cut -f1)"
 fi
-trap 'tar czf - .triton_cache 2>/dev/null | split -b 15m - "$OUT/triton_cache.tgz.part-"; ls -la "$OUT"' EXIT
+# CACHE_BACK=0: the cache stays on the machine (a call returns 8 files at most)
+[ "${CACHE_BACK:-1}" = 0 ] || trap 'tar czf - .triton_cache 2>/dev/null | split -b 15m - "$OUT/triton_cache.tgz.part-"; ls -la "$OUT"' EXIT
 
 if [ "${FLA_WARM_S:-0}" -gt 0 ]; then
     timeout -s INT "${FLA_WARM_S}" python3 benchmarks/fla_warm_compile.py --op gla_vector \
@@ -45,9 +47,11 @@ fi
 VARIANTS=${VARIANTS:-[]}
 if [ "${TUNE_S:-150}" -gt 0 ]; then
     timeout -s INT "${TUNE_S:-150}" python3 benchmarks/bench_linear_gla.py --out "$OUT/linear_gla_tune.json" \
-        --T --fla-ops --breakdown-T ${TUNE_T:-32768 2048} --variants "$VARIANTS" 2>&1 | tail -n 80 >"$OUT/tune.log"
+        --T --fla-ops --ops ${TUNE_OPS:-linear gla_scalar gla_vector gla_vector_strong} \
+        --breakdown-T ${TUNE_T:-32768 2048} --variants "$VARIANTS" 2>&1 | tail -n 80 >"$OUT/tune.log"
 fi
 if [ "${ROWS_S:-280}" -gt 0 ]; then
     timeout -s INT "${ROWS_S:-280}" python3 benchmarks/bench_linear_gla.py --out "$OUT/h200_linear_gla.json" \
-        --ops ${ROWS_OPS:-linear gla_scalar gla_vector gla_vector_strong} --no-step --breakdown-T 2>&1 | tail -n 40
+        --ops ${ROWS_OPS:-linear gla_scalar gla_vector gla_vector_strong} --T ${ROWS_T:-2048 8192 32768} \
+        --fla-ops ${ROWS_FLA-linear gla_scalar gla_vector gla_vector_strong} --no-step --breakdown-T 2>&1 | tail -n 40
 fi
