@@ -28,11 +28,19 @@ from kernels.gated_linear_attention.triton_vector import gla_bwd_dqkg, gla_intra
 
 @dataclass(frozen=True)
 class ChunkOptions:
-    """Non-tensor arguments of the chunk pipeline (validated by the caller)."""
+    """Non-tensor arguments of the chunk pipeline (validated by the caller). store_states:
+    keep the states entering each chunk for the backward; False where no gradient is wanted
+    (grad_wanted), which lets the fused forward skip writing them."""
 
     scale: float
     chunk_size: int
     output_final_state: bool
+    store_states: bool = True
+
+
+def grad_wanted(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd will want a backward through these inputs."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def gate_mode(g: torch.Tensor | None) -> int:
@@ -56,7 +64,8 @@ class ChunkGatedLinearAttentionFunction(torch.autograd.Function):
         gamma = chunk_local_cumsum(g, BT, scale=LOG2E) if g is not None else None
         A = gla_intra_A(q, k, gamma, opts.scale, BT) if gate == GATE_VECTOR else None
         if fused_forward_applies(q.shape[-1], q.shape[0] * q.shape[2], gate):
-            o, h, ht = chunk_fwd_fused(q, k, v, gamma, gate, A, h0, opts.output_final_state, opts.scale, BT)
+            o, h, ht = chunk_fwd_fused(q, k, v, gamma, gate, A, h0, opts.output_final_state, opts.scale, BT,
+                                       store_states=opts.store_states)
         else:
             h, ht = chunk_fwd_states(k, v, gamma, gate, h0, opts.output_final_state, BT)
             o = chunk_fwd_output(q, k, v, h, gamma, gate, A, opts.scale, BT)
@@ -73,6 +82,9 @@ class ChunkGatedLinearAttentionFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         q, k, v, gamma, h, A = ctx.saved_tensors
         opts, gate = ctx.opts, ctx.gate
+        if h is None:
+            raise RuntimeError("ChunkGatedLinearAttentionFunction: the forward kept no states (ChunkOptions."
+                               "store_states=False) but a backward was asked for")
         BT = opts.chunk_size
         do = torch.zeros_like(v) if do is None else do.contiguous()
         dh, dh0 = chunk_bwd_states(q, do, gamma, gate, dht, ctx.has_h0, opts.scale, BT)

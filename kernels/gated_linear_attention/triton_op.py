@@ -8,6 +8,7 @@ from kernels.common.triton.utils import check_chunk_size
 from kernels.gated_linear_attention.triton_function import (
     ChunkGatedLinearAttentionFunction,
     ChunkOptions,
+    grad_wanted,
 )
 
 
@@ -45,7 +46,8 @@ def gated_linear_attention_triton(
     """
     (q, k, v), h0, out_dtype = prepare_inputs("gated_linear_attention", (q, k, v), initial_state, chunk_size)
     g = g.contiguous()
-    opts = ChunkOptions(scale=float(scale), chunk_size=chunk_size, output_final_state=output_final_state)
+    opts = ChunkOptions(scale=float(scale), chunk_size=chunk_size, output_final_state=output_final_state,
+                        store_states=grad_wanted(q, k, v, g, h0))
     o, ht = ChunkGatedLinearAttentionFunction.apply(q, k, v, g, h0, opts)
     if out_dtype == torch.float64:
         o = o.to(out_dtype)

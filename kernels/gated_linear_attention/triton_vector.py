@@ -190,30 +190,30 @@ def _dqkg_chunk(
 
     # --- intra-chunk part by the chunk's path
     if ONLY_PATH == PATH_CHUNK:
-        b_dq, b_dk = dqk_intra_chunk(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC)
+        b_dq, b_dk, b_dG = dqk_intra_chunk(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC)
     elif ONLY_PATH == PATH_SUB:
-        b_dq, b_dk = dqk_intra_sub(b_q, b_k, b_g, b_dA, gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK, DOT_PREC)
+        b_dq, b_dk, b_dG = dqk_intra_sub(b_q, b_k, b_g, b_dA, gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK, DOT_PREC)
     elif ONLY_PATH == PATH_EXACT:
-        b_dq, b_dk = dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k,
+        b_dq, b_dk, b_dG = dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k,
                                      i_k, T, H, K, BT, BC, BK, DOT_PREC)
     elif path == PATH_CHUNK:
-        b_dq, b_dk = dqk_intra_chunk(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC)
+        b_dq, b_dk, b_dG = dqk_intra_chunk(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC)
     elif path == PATH_SUB:
-        b_dq, b_dk = dqk_intra_sub(b_q, b_k, b_g, b_dA, gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK, DOT_PREC)
+        b_dq, b_dk, b_dG = dqk_intra_sub(b_q, b_k, b_g, b_dA, gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK, DOT_PREC)
     else:
-        b_dq, b_dk = dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k,
+        b_dq, b_dk, b_dG = dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k,
                                      i_k, T, H, K, BT, BC, BK, DOT_PREC)
     if INTER_AFTER:
         b_dq_inter, b_dk_inter, _, b_hdh = _sums_over_v(v, do, h, dh, seq, state, t0, i_k, T, H, K, V, BT, BK,
                                                         BV, DOT_PREC, False, True)
-    b_qf = b_q.to(tl.float32)
     b_kf = b_k.to(tl.float32)
 
     # --- combine, and the gate gradient
-    b_dq += b_dq_inter * tl.exp2(b_g) * scale
+    b_dq_inter *= tl.exp2(b_g) * scale
     b_dk_inter *= tl.exp2(b_glast[None, :] - b_g)
+    b_dG += b_q.to(tl.float32) * b_dq_inter - b_kf * b_dk_inter
+    b_dq += b_dq_inter
     b_dk += b_dk_inter
-    b_dG = b_qf * b_dq - b_kf * b_dk
     # suffix beyond this chunk: <S', dS'> per channel, S' = e^{gamma_C} S + (K e^{gamma_C - gamma})^T V
     b_after = tl.exp2(b_glast) * b_hdh + tl.sum(b_kf * b_dk_inter, axis=0)
     b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + b_after[None, :]

@@ -59,16 +59,18 @@ def chunk_path(gamma, seq, t0, last, i_k, T, span,
                H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
     """The path of one chunk's K-block: PATH_CHUNK if every channel decays by at most 2^span
     from the chunk's first row to its last, else PATH_SUB if it does so within every
-    sub-chunk, else PATH_EXACT (triton_vector.chunk_paths is the same test in PyTorch)."""
-    o_t = t0 + tl.arange(0, BT)
-    b_g = load_tile(gamma + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+    sub-chunk, else PATH_EXACT (triton_vector.chunk_paths is the same test in PyTorch).
+    The first test reads two rows; only chunks that fail it read the whole tile."""
     b_glast = load_row(gamma + seq * K, last, i_k * BK, T, K, H * K, BK)
-    b_g = tl.where((o_t < T)[:, None], b_g, b_glast[None, :])
     b_gfirst = load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
-    b_gsub = load_sub_first(gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK)
-    chunk_span = tl.max(b_gfirst - b_glast, axis=0)
-    sub_span = tl.max(tl.max(b_gsub - b_g, axis=1), axis=0)
-    return tl.where(chunk_span <= span, PATH_CHUNK, tl.where(sub_span <= span, PATH_SUB, PATH_EXACT))
+    path = tl.where(tl.max(b_gfirst - b_glast, axis=0) <= span, PATH_CHUNK, PATH_SUB)
+    if path != PATH_CHUNK:
+        o_t = t0 + tl.arange(0, BT)
+        b_g = load_tile(gamma + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_g = tl.where((o_t < T)[:, None], b_g, b_glast[None, :])
+        b_gsub = load_sub_first(gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK)
+        path = tl.where(tl.max(tl.max(b_gsub - b_g, axis=1), axis=0) <= span, PATH_SUB, PATH_EXACT)
+    return path
 
 
 @triton.jit
@@ -138,23 +140,35 @@ def intra_A_exact(b_q, b_k, b_g, k, gamma, seq, t0, o_i, o_t, m_t, o_k, m_k, i_k
 
 @triton.jit
 def dqk_intra_chunk(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC: tl.constexpr):
-    """PATH_CHUNK's intra-chunk dq, dk: one dot each around the chunk's first row.
-    b_dA: [BT, BT] fp32 (causal, scaled); returns (dq, dk) [BT, BK] fp32."""
-    b_kg = (b_k * tl.exp2(b_gfirst[None, :] - b_g)).to(b_k.dtype)
-    b_qg = (b_q * tl.exp2(b_g - b_gfirst[None, :])).to(b_q.dtype)
+    """PATH_CHUNK's intra-chunk dq, dk and their share of dG = q dq - k dk, one dot each
+    around the chunk's first row. b_dA: [BT, BT] fp32 (causal, scaled); returns (dq, dk, dG)
+    [BT, BK] fp32.
+
+    dG sums pairs (i, j) twice, once from dq_i and once, subtracted, from dk_j; only pairs
+    that straddle a position survive its reverse cumsum, and with short memory (decays of
+    e^-1 a token and below) those are a small rest of much larger terms. So both sides use
+    the same rounded factored operands, QG = q e^{gamma - r} and KG = k e^{r - gamma} as the
+    dots saw them: dG = QG (dA KG) - KG (dA^T QG), in which each pair cancels exactly; q dq
+    from the unrounded q would leave each pair's rounding (2^-9 in bf16) behind."""
+    b_qfac = tl.exp2(b_g - b_gfirst[None, :])
+    b_kfac = tl.exp2(b_gfirst[None, :] - b_g)
+    b_kg = (b_k * b_kfac).to(b_k.dtype)
+    b_qg = (b_q * b_qfac).to(b_q.dtype)
     b_dAc = b_dA.to(b_k.dtype)
-    b_dq = tl.dot(b_dAc, b_kg, input_precision=DOT_PREC) * tl.exp2(b_g - b_gfirst[None, :])
-    b_dk = tl.dot(tl.trans(b_dAc), b_qg, input_precision=DOT_PREC) * tl.exp2(b_gfirst[None, :] - b_g)
-    return b_dq, b_dk
+    b_p = tl.dot(b_dAc, b_kg, input_precision=DOT_PREC)
+    b_r = tl.dot(tl.trans(b_dAc), b_qg, input_precision=DOT_PREC)
+    b_dG = b_qg.to(tl.float32) * b_p - b_kg.to(tl.float32) * b_r
+    return b_p * b_qfac, b_r * b_kfac, b_dG
 
 
 @triton.jit
 def dqk_intra_sub(b_q, b_k, b_g, b_dA, gamma, seq, t0, last, i_k, T,
                   H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                   DOT_PREC: tl.constexpr):
-    """PATH_SUB's intra-chunk dq, dk, sub-chunk by sub-chunk as in intra_A_sub:
+    """PATH_SUB's intra-chunk dq, dk and share of dG, sub-chunk by sub-chunk as in intra_A_sub:
     dq_i = e^{gamma_i - r_s} sum_j dA_ij k_j e^{r_s - gamma_j} for the rows i of s;
-    dk_j = sum_s e^{r_s - gamma_j} sum_{i in s} dA_ij q_i e^{gamma_i - r_s}."""
+    dk_j = sum_s e^{r_s - gamma_j} sum_{i in s} dA_ij q_i e^{gamma_i - r_s};
+    dG from the rounded factored operands, as in dqk_intra_chunk."""
     o_sub = tl.arange(0, BT) // BC
     b_qg = (b_q * tl.exp2(b_g - load_sub_first(gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK))).to(b_q.dtype)
     # e^{r_s - gamma_j} for keys of sub-chunks <= s; a later key keeps its own factor (in
@@ -162,26 +176,30 @@ def dqk_intra_sub(b_q, b_k, b_g, b_dA, gamma, seq, t0, last, i_k, T,
     b_kr = tl.exp2(load_sub_first(gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK) - b_g)
     b_gprev = load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
     b_dAc = b_dA.to(b_k.dtype)
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_p = tl.zeros([BT, BK], dtype=tl.float32)  # dq before the query factor
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_kgr = tl.zeros([BT, BK], dtype=tl.float32)  # sum_s KG_s (dA_s^T QG): dG's key side
     for s in tl.static_range(BT // BC):
         b_gr = load_row(gamma + seq * K, tl.minimum(t0 + s * BC, last), i_k * BK, T, K, H * K, BK)
         b_kr = tl.where((o_sub < s)[:, None], b_kr * tl.exp2(b_gr - b_gprev)[None, :], b_kr)
         b_gprev = b_gr
         m_s = (o_sub == s)[:, None]
-        b_dq += tl.where(m_s, tl.dot(b_dAc, (b_k * b_kr).to(b_k.dtype), input_precision=DOT_PREC), 0.0)
-        b_dAs = tl.where(m_s, b_dAc, 0.0).to(b_q.dtype)
-        b_dk += tl.dot(tl.trans(b_dAs), b_qg, input_precision=DOT_PREC) * b_kr
+        b_kg = (b_k * b_kr).to(b_k.dtype)
+        b_p += tl.where(m_s, tl.dot(b_dAc, b_kg, input_precision=DOT_PREC), 0.0)
+        b_r = tl.dot(tl.trans(tl.where(m_s, b_dAc, 0.0).to(b_q.dtype)), b_qg, input_precision=DOT_PREC)
+        b_dk += b_r * b_kr
+        b_kgr += b_r * b_kg.to(tl.float32)
+    b_dG = b_qg.to(tl.float32) * b_p - b_kgr
     # the query factors again (recomputed: cheaper than a tile held through the loop)
-    b_dq *= tl.exp2(b_g - load_sub_first(gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK))
-    return b_dq, b_dk
+    b_dq = b_p * tl.exp2(b_g - load_sub_first(gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK))
+    return b_dq, b_dk, b_dG
 
 
 @triton.jit
 def dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o_k, m_k, i_k, T,
                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                     DOT_PREC: tl.constexpr):
-    """PATH_EXACT's intra-chunk dq, dk, safe for any gates:
+    """PATH_EXACT's intra-chunk dq, dk and share of dG (q dq - k dk), safe for any gates:
     dq_i = sum_{j<=i} dA_ij k_j e^{gamma_i - gamma_j}, dk_j = sum_{i>=j} dA_ij q_i e^{gamma_i - gamma_j}."""
     # --- off-diagonal sub-chunk blocks (masked full-chunk products)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
@@ -226,4 +244,4 @@ def dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o
         b_qp = tl.load(q + p_off, mask=m_p, other=0.0).to(tl.float32)
         m_ge = (o_p >= o_i)[:, None] & m_p
         b_dk += b_dA_pj[:, None] * b_qp * tl.exp2(tl.where(m_ge, b_gp - b_g, float("-inf")))
-    return b_dq, b_dk
+    return b_dq, b_dk, b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk

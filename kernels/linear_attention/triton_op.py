@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels.gated_linear_attention.triton_function import ChunkGatedLinearAttentionFunction, ChunkOptions
+from kernels.gated_linear_attention.triton_function import (
+    ChunkGatedLinearAttentionFunction,
+    ChunkOptions,
+    grad_wanted,
+)
 from kernels.gated_linear_attention.triton_op import prepare_inputs
 
 
@@ -29,7 +33,8 @@ def linear_attention_triton(
     for fp64 inputs) or None. Gradients flow to q, k, v and initial_state.
     """
     (q, k, v), h0, out_dtype = prepare_inputs("linear_attention", (q, k, v), initial_state, chunk_size)
-    opts = ChunkOptions(scale=float(scale), chunk_size=chunk_size, output_final_state=output_final_state)
+    opts = ChunkOptions(scale=float(scale), chunk_size=chunk_size, output_final_state=output_final_state,
+                        store_states=grad_wanted(q, k, v, h0))
     o, ht = ChunkGatedLinearAttentionFunction.apply(q, k, v, None, h0, opts)
     if out_dtype == torch.float64:
         o = o.to(out_dtype)

@@ -4,7 +4,8 @@ The two-kernel forward (states.py then output.py) writes every chunk's entering 
 to memory and reads it back for the output, and reads q, k, v twice. Here each program
 owns one V-block of one head, keeps its [K, BV] state in fp32 registers and walks the
 chunks in order; per chunk it
-    1. stores S_n (in the state dtype: the backward needs it),
+    1. stores S_n (in the state dtype: the backward needs it; not when no gradient is
+       wanted, STORE_H off),
     2. writes O_n = scale (Q ⊙ e^gamma) S_n + A V_n, A = scale (Q K^T ⊙ Gamma) (causal),
        with S_n rounded to the state dtype exactly as the output kernel reads it back,
     3. moves on: S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n.
@@ -50,8 +51,8 @@ def chunk_fwd_fused_kernel(
     q, k, v, gamma, A, h_in, h, ht, o, scale, T, NT, CPS, S,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_IN: tl.constexpr, STORE_HT: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_IN: tl.constexpr, STORE_H: tl.constexpr,
+    STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # program (V-block, head, segment): chunks i_s * CPS .. of one head, from the state
     # entering the segment, h_in[(i_bh * S + i_s)] (h0 itself when S = 1)
@@ -67,7 +68,8 @@ def chunk_fwd_fused_kernel(
         t0 = i_t * BT
         m_t = t0 + o_i < T
         p_state = h + (i_bh * NT + i_t).to(tl.int64) * K * V
-        store_tile(p_state, b_h, 0, i_v * BV, K, V, V, BK, BV)
+        if STORE_H:
+            store_tile(p_state, b_h, 0, i_v * BV, K, V, V, BK, BV)
         b_q = load_tile(q + seq * K, t0, 0, T, K, H * K, BT, BK)
         b_kt = load_tile_t(k + seq * K, t0, 0, T, K, H * K, BT, BK)
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
@@ -135,15 +137,16 @@ def chunks_per_segment(NT: int, programs: int, target: int) -> int:
 def chunk_fwd_fused(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor | None, gate: int,
     A: torch.Tensor | None, h0: torch.Tensor | None, output_final_state: bool, scale: float,
-    chunk_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    chunk_size: int, store_states: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(o, h, ht): the outputs and states of chunk_fwd_states + chunk_fwd_output in one pass.
 
     q, k: [B, T, H, K] with K <= 128; v: [B, T, H, V]; gamma: cumulative log2-gates
     ([B, T, H] or [B, T, H, K] fp32) or None; A: [B, T, H, BT] fp32 for a vector gate, else
     None; h0: [B, H, K, V] fp32 or None. Returns o [B, T, H, V] in v's dtype, the states
-    entering each chunk h [B, H, NT, K, V] in k's dtype and the final state [B, H, K, V]
-    fp32 (or None).
+    entering each chunk h [B, H, NT, K, V] in k's dtype (None with store_states=False: in
+    inference nothing needs them, and not writing them saves B*H*NT*K*V values of traffic)
+    and the final state [B, H, K, V] fp32 (or None).
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -167,13 +170,16 @@ def chunk_fwd_fused(
         h_in = segment_entry_states(k, v, gamma, gate, h0, chunk_size, CPS, BV, dot_precision(q.dtype),
                                     cfg["num_warps"])
     o = new_buffer((B, T, H, V), v.dtype, v.device)
-    h = new_buffer((B, H, NT, K, V), k.dtype, k.device)
+    # without stored states, k stands in for h's pointer (same dtype: the kernel rounds the
+    # state it uses to it, as the two-kernel path reads it back)
+    h = new_buffer((B, H, NT, K, V), k.dtype, k.device) if store_states else None
     ht = new_buffer((B, H, K, V), torch.float32, k.device) if output_final_state else None
     grid = (triton.cdiv(V, BV), B * H, S)
     chunk_fwd_fused_kernel[grid](
-        q, k, v, gamma if gamma is not None else q, A if A is not None else q, h_in if h_in is not None else h,
-        h, ht if ht is not None else h, o, scale, T, NT, CPS, S, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
-        GATE=gate, HAS_A=A is not None, HAS_IN=h_in is not None, STORE_HT=output_final_state,
+        q, k, v, gamma if gamma is not None else q, A if A is not None else q, h_in if h_in is not None else o,
+        h if h is not None else k, ht if ht is not None else o, o, scale, T, NT, CPS, S, H=H, K=K, V=V,
+        BT=chunk_size, BK=BK, BV=BV, GATE=gate, HAS_A=A is not None, HAS_IN=h_in is not None,
+        STORE_H=store_states, STORE_HT=output_final_state,
         DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
     return o, h, ht

@@ -33,7 +33,9 @@ LAUNCH: dict[str, dict[str, int]] = {
     # vector gate's segments lost at T = 8192 (1.25 vs 0.93) and won 5% at 32768: off there
     "fwd_fused": {"enabled": 1, "min_heads": 64, "segment_programs": 1056, "BK": 128,
                   "BV": 64, "min_BV": 16, "min_waves": 2, "num_warps": 4, "num_stages": 2},
-    "fwd_fused_scalar": {"enabled": 1, "min_heads": 256, "segment_programs": 1056, "BK": 128,
+    # scalar gate at T = 8192 (B * H = 128), fused kernel medians (session 6): 0.799 ms at
+    # 1056 programs (4 segments), 0.770 at 792 (3), 0.865 at 528 (2), 0.850 unsegmented
+    "fwd_fused_scalar": {"enabled": 1, "min_heads": 256, "segment_programs": 792, "BK": 128,
                          "BV": 64, "min_BV": 16, "min_waves": 2, "num_warps": 4, "num_stages": 2},
     # a vector gate: BV 128 and 8 warps, 0.80 ms at T = 2048 (1.02 at BV 64 / 4 warps); at
     # T = 8192 (128) the op forward took 2.66 ms fused against 1.96 at T = 32768 unfused

@@ -315,3 +315,37 @@ def test_segments_only_below_min_heads(monkeypatch):
     assert segment_target(32, 0) == 1056 and segment_target(64, 0) == 0
     monkeypatch.setitem(LAUNCH, "fwd_fused", dict(LAUNCH["fwd_fused"], segment_programs=0))
     assert segment_target(32, 0) == 0
+
+
+@pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
+def test_inference_forward_keeps_no_states(monkeypatch, gate):
+    """Without a gradient to compute (torch.no_grad, or no input requiring one) the fused
+    forward writes no per-chunk states (ChunkOptions.store_states=False); outputs and the
+    final state are the same bit for bit."""
+    from kernels.common.triton import fused_forward
+    from kernels.linear_attention import linear_attention
+
+    tensors, h0 = make_inputs(1, 150, 2, 16, 16, torch.float32, gate == "vector", seed=23)
+    if gate == "none":
+        del tensors["g"]
+    op = linear_attention if gate == "none" else gated_linear_attention
+    stored = []
+    real = fused_forward.chunk_fwd_fused
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        stored.append(out[1] is not None)
+        return out
+
+    import importlib
+
+    function = importlib.import_module("kernels.gated_linear_attention.triton_function")
+    monkeypatch.setattr(function, "chunk_fwd_fused", spy)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in tensors.items()}
+    o1, ht1 = op(**leaves, initial_state=h0, output_final_state=True, backend="triton")
+    with torch.no_grad():
+        o2, ht2 = op(**leaves, initial_state=h0, output_final_state=True, backend="triton")
+    o3, ht3 = op(**tensors, initial_state=h0, output_final_state=True, backend="triton")
+    assert stored == [True, False, False]
+    for o, ht in ((o2, ht2), (o3, ht3)):
+        assert torch.equal(o, o1.detach()) and torch.equal(ht, ht1.detach())
