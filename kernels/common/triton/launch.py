@@ -57,18 +57,20 @@ LAUNCH: dict[str, dict[str, int]] = {
     # 2.34 -> 1.94 ms on mild gates (the factored path), 8.9 -> 11.5 on very negative ones
     # sub_chunk: rows per sub-chunk of the two sub-chunk paths (factored, exact); 8 halves
     # the exact path's element-by-element work for twice the (masked, full-chunk) dots. H200,
-    # T = 8192 (B = 8), kernel medians, mild / strong gates (tune record, session 5, both
-    # then on the whole-chunk / exact paths): intra_A 0.336 / 2.052 ms at 16 -> 0.326 / 1.406
-    # at 8, outputs unchanged (relative difference 0.0)
+    # T = 8192 (B = 8), kernel medians, mild / -2-nat gates (tune record): session 5, on the
+    # whole-chunk / exact paths, intra_A 0.336 / 2.052 ms at 16 -> 0.326 / 1.406 at 8;
+    # session 6, whole-chunk / sub-chunk factored paths, 0.323 / 0.678 (8 warps: 0.479 /
+    # 0.942; 16-row sub-chunks, where 17% of the -2-nat chunks then need the exact path:
+    # 0.343 / 0.795)
     "intra_A": {"BK": 128, "num_warps": 4, "num_stages": 1, "sub_chunk": 8},
     # split_paths 1: one launch per path of triton_vector.py (whole chunk factored, sub-chunks
     # factored, exact), the latter two with bwd_dqkg_sub's / bwd_dqkg_exact's warps; 0: one
-    # launch taking every path. Session 5 (H200, T = 8192, B = 8), before the sub-chunk
-    # factored path existed, bwd_dqkg mild / strong gates: one launch 1.951 / 11.567 ms;
-    # fast and exact split 2.372 / 9.125; split with 8-row sub-chunks 2.370 / 7.527 (one
-    # launch, 8 rows: 1.941 / 11.973)
-    # inter_after 1: the inter-chunk sums over V after the intra-chunk part (a second pass over
-    # V), so that part runs with two [BT, BK] tiles fewer alive
+    # launch taking every path. Session 5 (H200, T = 8192, B = 8), whole-chunk and exact
+    # paths only, bwd_dqkg mild / strong gates: one launch 1.951 / 11.567 ms; split 2.372 /
+    # 9.125; split with 8-row sub-chunks 2.370 / 7.527. Session 6, three paths, mild / -2-nat
+    # gates (sub-chunk path): 2.751 / 6.127 (chunk path at 8 warps 2.886 / 6.340; sub path
+    # with inter_after 6.269); before dG took the rounded operands (call 1) one launch cost
+    # 2.878 / 10.924 and 16-row sub-chunks 2.999 / 4.775 (9% of chunks exact)
     "bwd_dqkg": {"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 1, "split_paths": 1, "sub_chunk": 8,
                  "inter_after": 0},
     # 8 warps: at 4 the sub-chunk path spills (tests/compile_sm90.py --resources, Triton 3.9)
