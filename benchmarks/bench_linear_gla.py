@@ -129,22 +129,6 @@ def bench_step(results: dict) -> None:
             })
 
 
-def path_shares(q: torch.Tensor, g: torch.Tensor) -> dict:
-    """Share of (chunk, head, K-block) programs on each path of the vector-gate kernels
-    (triton_vector.chunk_paths) for these inputs and the current LAUNCH settings."""
-    from kernels.common.triton.cumsum import chunk_local_cumsum
-    from kernels.common.triton.utils import LOG2E
-    from kernels.gated_linear_attention.triton_vector import chunk_paths
-
-    gamma = chunk_local_cumsum(g.float(), 64, LOG2E)
-    shares = {}
-    for entry in ("intra_A", "bwd_dqkg"):
-        paths = chunk_paths(gamma, q.dtype, 64, entry)
-        shares[entry] = {name: round(float((paths == i).float().mean()), 4)
-                         for i, name in enumerate(("chunk", "sub", "exact"))}
-    return shares
-
-
 def pipeline_kernels(op: str, T: int) -> dict:
     """Zero-argument calls of each kernel of our pipeline for `op` at one T (inputs made
     once; intermediate inputs computed with the current LAUNCH settings)."""
@@ -191,6 +175,7 @@ def bench_breakdown(results: dict, Ts: list[int], ops: list[str], variants: list
     from triton.testing import do_bench
 
     from kernels.common.triton.launch import LAUNCH
+    from kernels.gated_linear_attention.triton_vector import path_shares
 
     default = {name: dict(cfg) for name, cfg in LAUNCH.items()}
     for T in Ts:
@@ -204,7 +189,7 @@ def bench_breakdown(results: dict, Ts: list[int], ops: list[str], variants: list
                     row = {"op": op, "T": T, "B": TOKENS // T, "variant": variant}
                     if op.startswith("gla_vector"):
                         q, _, _, g = make_inputs(T, op, seed=1)
-                        row["paths"] = path_shares(q, g)
+                        row["paths"] = path_shares(g, q.dtype)
                         del q, g
                     for name, fn in steps.items():
                         if variant and not any(name.startswith(v) or v.startswith(name) for v in variant):
@@ -263,6 +248,8 @@ def main() -> None:
     if args.breakdown_T and args.breakdown_first:
         bench_breakdown(results, args.breakdown_T, args.ops, json.loads(args.variants))
         save()
+    from kernels.gated_linear_attention.triton_vector import path_shares
+
     # op by op: FLA's first chunk_gla call autotunes for minutes, so the cheap ops come first
     for op in args.ops:
         for T in args.T:
@@ -270,7 +257,7 @@ def main() -> None:
             do = torch.randn_like(v)
             row = {"op": op, "B": TOKENS // T, "T": T, "H": H, "K": D, "V": D}
             if op.startswith("gla_vector"):
-                row["paths"] = path_shares(q, g)
+                row["paths"] = path_shares(g, q.dtype)
             r_ours, o_ours, g_ours = time_one(ours(op), q, k, v, g, do)
             row["ours"] = r_ours
             results["rows"].append(row)

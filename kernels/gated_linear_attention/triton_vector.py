@@ -34,9 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton.cumsum import chunk_local_cumsum
 from kernels.common.triton.launch import LAUNCH, tile
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import dot_precision, new_buffer, warps
+from kernels.common.triton.utils import LOG2E, dot_precision, new_buffer, warps
 from kernels.gated_linear_attention.triton_vector_paths import (
     PATH_CHUNK,
     PATH_EXACT,
@@ -70,27 +71,39 @@ def sub_chunk(entry: str, chunk_size: int) -> int:
     return min(bc, chunk_size)
 
 
-def chunk_paths(gamma: torch.Tensor, dtype: torch.dtype, chunk_size: int, entry: str) -> torch.Tensor:
+def chunk_paths(g: torch.Tensor, dtype: torch.dtype, chunk_size: int, entry: str) -> torch.Tensor:
     """The path (PATH_CHUNK / PATH_SUB / PATH_EXACT) the kernel of LAUNCH[entry] ("intra_A"
     or "bwd_dqkg") takes for each chunk and K-block with inputs of `dtype`:
-    [B, H, NT, n K-blocks] int64. gamma: [B, T, H, K] fp32 log2 chunk-local cumulative
-    gates. The kernels' own test (chunk_path) in PyTorch, for tests and benchmark records."""
-    B, T, H, K = gamma.shape
+    [B, H, NT, n K-blocks] int64. g: [B, T, H, K] natural-log gates. The kernels' own test
+    (chunk_path) in PyTorch, for tests and benchmark records."""
+    B, T, H, K = g.shape
     BT, BC = chunk_size, sub_chunk(entry, chunk_size)
     BK = tile(K, LAUNCH[entry]["BK"])
     NT, NK = triton.cdiv(T, BT), triton.cdiv(K, BK)
-    g = gamma.float()
+    gamma = chunk_local_cumsum(g.float().contiguous(), chunk_size, LOG2E)
     if NT * BT > T:  # padded rows repeat the last valid row
-        g = torch.cat([g, g[:, -1:].expand(B, NT * BT - T, H, K)], dim=1)
+        gamma = torch.cat([gamma, gamma[:, -1:].expand(B, NT * BT - T, H, K)], dim=1)
     if NK * BK > K:  # padded channels never decay
-        g = torch.cat([g, g.new_zeros(B, NT * BT, H, NK * BK - K)], dim=3)
-    g = g.view(B, NT, BT // BC, BC, H, NK, BK)
-    chunk_span = (g[:, :, 0, 0] - g[:, :, -1, -1]).amax(-1)  # [B, NT, H, NK]
-    sub_span = (g[:, :, :, :1] - g).amax(dim=(2, 3)).amax(-1)
+        gamma = torch.cat([gamma, gamma.new_zeros(B, NT * BT, H, NK * BK - K)], dim=3)
+    gamma = gamma.view(B, NT, BT // BC, BC, H, NK, BK)
+    chunk_span = (gamma[:, :, 0, 0] - gamma[:, :, -1, -1]).amax(-1)  # [B, NT, H, NK]
+    sub_span = (gamma[:, :, :, :1] - gamma).amax(dim=(2, 3)).amax(-1)
     span = factored_span(dtype)
     paths = torch.full_like(chunk_span, PATH_EXACT.value, dtype=torch.int64)
     paths = paths.masked_fill(sub_span <= span, PATH_SUB.value).masked_fill(chunk_span <= span, PATH_CHUNK.value)
     return paths.permute(0, 2, 1, 3)
+
+
+def path_shares(g: torch.Tensor, dtype: torch.dtype, chunk_size: int = 64) -> dict[str, dict[str, float]]:
+    """Per kernel ("intra_A", "bwd_dqkg"), the share of (chunk, head, K-block) programs on
+    each path ("chunk", "sub", "exact") for natural-log gates g [B, T, H, K] and inputs of
+    `dtype`, under the current LAUNCH settings: which paths a run or a test exercised."""
+    shares = {}
+    for entry in ("intra_A", "bwd_dqkg"):
+        paths = chunk_paths(g, dtype, chunk_size, entry)
+        shares[entry] = {name: round(float((paths == i).float().mean()), 4)
+                         for i, name in enumerate(("chunk", "sub", "exact"))}
+    return shares
 
 
 @triton.jit

@@ -170,10 +170,11 @@ def dqk_intra_sub(b_q, b_k, b_g, b_dA, gamma, seq, t0, last, i_k, T,
     dk_j = sum_s e^{r_s - gamma_j} sum_{i in s} dA_ij q_i e^{gamma_i - r_s};
     dG from the rounded factored operands, as in dqk_intra_chunk."""
     o_sub = tl.arange(0, BT) // BC
-    b_qg = (b_q * tl.exp2(b_g - load_sub_first(gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK))).to(b_q.dtype)
+    b_gsub = load_sub_first(gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK)
+    b_qg = (b_q * tl.exp2(b_g - b_gsub)).to(b_q.dtype)
     # e^{r_s - gamma_j} for keys of sub-chunks <= s; a later key keeps its own factor (in
     # [1, 2^span], finite) and meets only zeros of the causal dA
-    b_kr = tl.exp2(load_sub_first(gamma, seq, t0, last, i_k, T, H, K, BT, BC, BK) - b_g)
+    b_kr = tl.exp2(b_gsub - b_g)
     b_gprev = load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
     b_dAc = b_dA.to(b_k.dtype)
     b_p = tl.zeros([BT, BK], dtype=tl.float32)  # dq before the query factor

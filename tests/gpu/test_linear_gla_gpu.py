@@ -76,24 +76,11 @@ def check_against_fp64(tensors, h0, tol, chunk_size=64, label=""):
         errors["d" + name] = rel_err(g, g_ref)
     paths = ""
     if "g" in tensors and tensors["g"].dim() == 4:
-        paths = " paths " + str(vector_path_shares(tensors, chunk_size))
+        from kernels.gated_linear_attention.triton_vector import path_shares
+
+        paths = " paths " + str(path_shares(tensors["g"], tensors["q"].dtype, chunk_size))
     print(f"\nGPU-ERR {label}: " + " ".join(f"{n}={e:.2e}" for n, e in errors.items()) + paths)
     return errors
-
-
-def vector_path_shares(tensors, chunk_size):
-    """Share of programs on each path of the vector-gate kernels (intra_A / bwd_dqkg):
-    which paths a case checked."""
-    from kernels.common.triton.cumsum import chunk_local_cumsum
-    from kernels.common.triton.utils import LOG2E
-    from kernels.gated_linear_attention.triton_vector import chunk_paths
-
-    gamma = chunk_local_cumsum(tensors["g"].float().contiguous(), chunk_size, LOG2E)
-    shares = {}
-    for entry in ("intra_A", "bwd_dqkg"):
-        paths = chunk_paths(gamma, tensors["q"].dtype, chunk_size, entry)
-        shares[entry] = [round(float((paths == i).float().mean()), 3) for i in range(3)]
-    return shares
 
 
 def assert_each(errors, tol):
