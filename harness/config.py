@@ -145,8 +145,10 @@ def validate_mixer_options(mixer: str, config: BaseModel) -> None:
 
     Tasks keep them in `model.mixer` (the recall tasks' LM) or a top-level `mixer` dict
     (the efficiency tasks' single layer)."""
-    for where, options in (("model.mixer", getattr(getattr(config, "model", None), "mixer", None)),
-                           ("mixer", getattr(config, "mixer", None))):
+    model = getattr(config, "model", None)
+    model_options = model.mixer_options(mixer) if hasattr(model, "mixer_options") else getattr(model, "mixer", None)
+    where_model = f"model.mixer (with model.per_mixer.{mixer})" if getattr(model, "per_mixer", {}).get(mixer) else "model.mixer"
+    for where, options in ((where_model, model_options), ("mixer", getattr(config, "mixer", None))):
         if not isinstance(options, dict):
             continue
         try:

@@ -2,9 +2,10 @@
 the records are the same whichever one ran them:
 
 - InProcessExecutor: one run at a time in this process (CPU, or one GPU).
-- WorkerPoolExecutor / local_gpu_executor: one worker process per local GPU, each seeing
-  only its GPU (CUDA_VISIBLE_DEVICES). Workers die with the sweep (PR_SET_PDEATHSIG), and a
-  worker that dies mid-run (segfault, OOM killer) gets that run a failed record.
+- WorkerPoolExecutor / local_gpu_executor: one worker process per local GPU (or N with
+  runs_per_gpu, sharing that GPU and the user's Triton cache), each seeing only its GPU
+  (CUDA_VISIBLE_DEVICES). Workers die with the sweep (PR_SET_PDEATHSIG), and a worker that
+  dies mid-run (segfault, OOM killer) gets that run a failed record.
 - RayExecutor: a Ray cluster (`ray` is the optional extra `.[ray]`), one GPU per run when the
   cluster has GPUs, one CPU per run otherwise; records and artifacts come back to the driver.
 
@@ -280,8 +281,41 @@ def _tail(path: Path, lines: int = 8) -> str:
         return "(no log)"
 
 
-def local_gpu_executor(log_dir: Path, wandb: bool = True) -> WorkerPoolExecutor:
-    """One worker per local GPU (those CUDA_VISIBLE_DEVICES lets this process see)."""
+def check_runs_per_gpu(kind: str, runs_per_gpu: int) -> None:
+    """Raise ExecutorError unless `runs_per_gpu` is an integer >= 1, and 1 for executors other
+    than 'gpus' (the only one that starts several workers per GPU)."""
+    if isinstance(runs_per_gpu, bool) or not isinstance(runs_per_gpu, int) or runs_per_gpu < 1:
+        raise ExecutorError(f"--runs-per-gpu must be an integer of at least 1 (the worker processes per GPU of "
+                            f"--executor gpus), got {runs_per_gpu!r}")
+    if kind != "gpus" and runs_per_gpu != 1:
+        raise ExecutorError(f"--runs-per-gpu {runs_per_gpu} works only with --executor gpus, not --executor {kind}; "
+                            f"valid values: any N >= 1 with --executor gpus, 1 (the default) with inprocess or ray")
+
+
+def gpu_slot_envs(ids: list[str], runs_per_gpu: int, cpu_count: int | None,
+                  environ: dict[str, str] | None = None) -> tuple[list[dict[str, str]], list[str]]:
+    """The worker environments (what each adds to the sweep's own) and labels for
+    `runs_per_gpu` workers on each GPU of `ids` (CUDA_VISIBLE_DEVICES entries).
+
+    Labels are `gpu<id>` with one worker per GPU and `gpu<id>.<k>` (k = 1..N) with N.
+    OMP_NUM_THREADS is max(1, cpu_count // workers) unless `environ` (default os.environ)
+    has it already. No per-worker TRITON_CACHE_DIR: workers inherit the sweep's (or Triton's
+    default, shared by one user's processes), so a kernel one worker compiles the others reuse."""
+    check_runs_per_gpu("gpus", runs_per_gpu)
+    environ = os.environ if environ is None else environ
+    total = len(ids) * runs_per_gpu
+    threads = {} if "OMP_NUM_THREADS" in environ else {"OMP_NUM_THREADS": str(max(1, (cpu_count or 1) // max(1, total)))}
+    envs, labels = [], []
+    for i in ids:
+        for k in range(1, runs_per_gpu + 1):
+            envs.append({"CUDA_VISIBLE_DEVICES": i, **threads})
+            labels.append(f"gpu{i}" if runs_per_gpu == 1 else f"gpu{i}.{k}")
+    return envs, labels
+
+
+def local_gpu_executor(log_dir: Path, wandb: bool = True, runs_per_gpu: int = 1) -> WorkerPoolExecutor:
+    """`runs_per_gpu` workers per local GPU (those CUDA_VISIBLE_DEVICES lets this process see)."""
+    check_runs_per_gpu("gpus", runs_per_gpu)
     import torch
 
     count = torch.cuda.device_count()  # counts devices without creating a CUDA context
@@ -293,7 +327,11 @@ def local_gpu_executor(log_dir: Path, wandb: bool = True) -> WorkerPoolExecutor:
         )
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [d.strip() for d in visible.split(",")][:count] if visible else [str(i) for i in range(count)]
-    return WorkerPoolExecutor([{"CUDA_VISIBLE_DEVICES": i} for i in ids], [f"gpu{i}" for i in ids], "cuda", log_dir, wandb)
+    envs, labels = gpu_slot_envs(ids, runs_per_gpu, os.cpu_count())
+    pool = WorkerPoolExecutor(envs, labels, "cuda", log_dir, wandb)
+    if runs_per_gpu > 1:
+        pool.where = f"{pool.slots} worker processes, {runs_per_gpu} per GPU: {', '.join(labels)}"
+    return pool
 
 
 class RayExecutor:
@@ -377,14 +415,17 @@ def _store_reply(job: Job, reply: dict) -> Outcome:
 
 
 def make_executor(kind: str, device: str, results: Path, wandb: bool = True, address: str | None = None,
-                  progress: Any = None) -> Executor:
-    """The executor named `kind` ('inprocess', 'gpus' or 'ray') for a sweep asking for `device`."""
+                  progress: Any = None, runs_per_gpu: int = 1) -> Executor:
+    """The executor named `kind` ('inprocess', 'gpus' or 'ray') for a sweep asking for `device`;
+    `runs_per_gpu` worker processes per GPU with 'gpus' (it must be 1 with the others)."""
+    if kind in ("inprocess", "gpus", "ray"):
+        check_runs_per_gpu(kind, runs_per_gpu)
     if kind == "inprocess":
         from harness.runner import resolve_device
 
         return InProcessExecutor(resolve_device(device).type, wandb, progress)
     if kind == "gpus":
-        pool = local_gpu_executor(Path(results) / ".sweep" / "logs", wandb)
+        pool = local_gpu_executor(Path(results) / ".sweep" / "logs", wandb, runs_per_gpu)
         if device == "cpu":
             raise ExecutorError("--executor gpus runs on GPUs, but the sweep asks for device cpu; use --executor inprocess")
         return pool

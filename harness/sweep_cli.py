@@ -140,6 +140,7 @@ def sweep_cmd(
     results: Path = typer.Option(Path("results"), "--results", help="results directory"),
     executor: str = typer.Option("inprocess", "--executor", help="inprocess (here, one run at a time), gpus (a worker per local GPU) or ray"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (with --executor ray; default: a local Ray)"),
+    runs_per_gpu: int = typer.Option(1, "--runs-per-gpu", help="with --executor gpus: worker processes per GPU (N >= 1; small models leave a GPU idle with one)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the expanded grid and the state of each run; run nothing"),
     no_wandb: bool = typer.Option(False, "--no-wandb", help="do not log to wandb"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="rerun runs whose only records are failed ones"),
@@ -147,7 +148,7 @@ def sweep_cmd(
     mixer: Optional[str] = typer.Option(None, "--mixer", help="only these mixers of the sweep (comma-separated)"),
 ) -> None:
     """Run a sweep file; resumable: runs that already have an ok record are skipped."""
-    from harness.executors import ExecutorError, make_executor
+    from harness.executors import ExecutorError, check_runs_per_gpu, make_executor
     from harness.runner import DeviceError, resolve_device
     from harness.sweep import SweepError, expand, load_sweep, run_sweep
 
@@ -155,6 +156,7 @@ def sweep_cmd(
         sweep = load_sweep(file)
         if executor not in ("inprocess", "gpus", "ray"):
             raise ExecutorError(f"--executor {executor!r} is not valid; expected inprocess, gpus or ray")
+        check_runs_per_gpu(executor, runs_per_gpu)
         # The device type the runs will get (a Ray cluster may still turn 'auto' into cuda).
         guess = "cuda" if executor == "gpus" else resolve_device(sweep.device if executor == "inprocess" else
                                                                   ("cpu" if sweep.device == "cpu" else "auto")).type
@@ -165,7 +167,7 @@ def sweep_cmd(
         _print_plan(plan, results)
         return
     try:
-        runner = make_executor(executor, sweep.device, results, wandb=not no_wandb, address=address)
+        runner = make_executor(executor, sweep.device, results, wandb=not no_wandb, address=address, runs_per_gpu=runs_per_gpu)
     except (ExecutorError, DeviceError) as e:
         raise _fail(str(e)) from None
     if runner.device_type != guess:

@@ -35,13 +35,17 @@ class MixerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     num_heads: int = Field(2, ge=1, description="number of heads")
-    head_dim: int | None = Field(None, ge=1, description="per-head key/value width; default d_model // num_heads")
+    head_dim: int | None = Field(None, ge=1, description="per-head key width; default expand_k * d_model // num_heads")
+    expand_k: float = Field(1.0, gt=0, description="key width over all heads / d_model when head_dim is unset (GLA: 0.5)")
+    expand_v: float = Field(1.0, gt=0, description="value width per head / head_dim (Gated DeltaNet's expand_v)")
     short_conv: bool = Field(True, description="causal depthwise convolution on q, k, v")
     conv_size: int = Field(4, ge=1, le=16, description="short convolution width")
     backend: str = Field("auto", description="op backend: auto, reference, torch, triton (softmax: flash_attn)")
     chunk_size: int = Field(64, ge=16, description="chunk length of the chunkwise forms")
     output_gate: bool | None = Field(
-        None, description="RMSNorm + SiLU gate on the op's output; null: the mixer's own default")
+        None, description="SiLU gate (from x) on the op's output; null: the mixer's own default")
+    output_norm: bool | None = Field(
+        None, description="per-head RMSNorm on the op's output; null: the mixer's own default")
 
     @field_validator("chunk_size")
     @classmethod
@@ -93,9 +97,15 @@ class Mixer(nn.Module):
         self.d_model = d_model
         self.config = config
         self.num_heads = config.num_heads
-        self.head_dim = config.head_dim or d_model // config.num_heads
+        self.head_dim = config.head_dim or int(d_model * config.expand_k) // config.num_heads
         if self.head_dim < 1:
-            raise ValueError(f"head_dim = d_model // num_heads is 0 for d_model={d_model}, num_heads={config.num_heads}")
+            raise ValueError(f"head_dim = expand_k * d_model // num_heads is 0 for d_model={d_model}, "
+                             f"expand_k={config.expand_k}, num_heads={config.num_heads}")
+        self.value_dim = round(self.head_dim * config.expand_v)
+        if self.value_dim < 1 or self.value_dim != self.head_dim * config.expand_v:
+            raise ValueError(
+                f"expand_v={config.expand_v} with head_dim={self.head_dim} gives a value width of "
+                f"{self.head_dim * config.expand_v}; it must be a whole number >= 1")
         self.backend_used: str | None = None
 
     @classmethod

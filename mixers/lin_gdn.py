@@ -43,5 +43,6 @@ class LinearizedSoftmaxGDN(ProjectedMixer):
         return linearized_softmax_gdn_step(q_t, k_t, v_t, state)
 
     def op_state_size(self, seq_len: int) -> int:
-        H, D = self.num_heads, self.head_dim
-        return H * (D * D + 2 * D) + 1
+        # h [K, V], k_sum [K], v_sum [V] per head, and the token count.
+        H, D, Dv = self.num_heads, self.head_dim, self.value_dim
+        return H * (D * Dv + D + Dv) + 1

@@ -54,4 +54,4 @@ class LinearAttention(ProjectedMixer):
         return self._normalise(o_t), state
 
     def op_state_size(self, seq_len: int) -> int:
-        return self.num_heads * self.head_dim * (self.head_dim + int(self.config.normalize))
+        return self.num_heads * self.head_dim * (self.value_dim + int(self.config.normalize))

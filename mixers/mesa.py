@@ -56,4 +56,4 @@ class MesaNet(ProjectedMixer):
 
     def op_state_size(self, seq_len: int) -> int:
         D = self.head_dim
-        return self.num_heads * (D * D + D * D)
+        return self.num_heads * (D * D + D * self.value_dim)

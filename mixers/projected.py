@@ -27,26 +27,29 @@ class ProjectedMixer(Mixer):
     """q, k, v projections -> op -> (norm, gate) -> output projection."""
 
     # SiLU-gated, RMS-normalised output (GLA/GDN style) by default; off for softmax-shaped
-    # mixers. MixerConfig.output_gate overrides it per instance (self.gated_output).
+    # mixers. MixerConfig.output_gate / output_norm override them per instance
+    # (self.gated_output, self.normed_output); the norm follows the gate unless set.
     output_gate: ClassVar[bool] = True
     # l2-normalise q and k per head (the delta rules need ||k|| = 1 for stability).
     l2norm_qk: ClassVar[bool] = False
 
     def __init__(self, d_model: int, config: MixerConfig):
         super().__init__(d_model, config)
-        H, D = self.num_heads, self.head_dim
+        H, D, Dv = self.num_heads, self.head_dim, self.value_dim
         self.q_proj = nn.Linear(d_model, H * D, bias=False)
         self.k_proj = nn.Linear(d_model, H * D, bias=False)
-        self.v_proj = nn.Linear(d_model, H * D, bias=False)
-        self.o_proj = nn.Linear(H * D, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, H * Dv, bias=False)
+        self.o_proj = nn.Linear(H * Dv, d_model, bias=False)
         if config.short_conv:
             self.q_conv = ShortConv(H * D, config.conv_size)
             self.k_conv = ShortConv(H * D, config.conv_size)
-            self.v_conv = ShortConv(H * D, config.conv_size)
+            self.v_conv = ShortConv(H * Dv, config.conv_size)
         self.gated_output = self.output_gate if config.output_gate is None else config.output_gate
+        self.normed_output = self.gated_output if config.output_norm is None else config.output_norm
+        if self.normed_output:
+            self.o_norm = nn.RMSNorm(Dv, eps=1e-6)
         if self.gated_output:
-            self.o_norm = nn.RMSNorm(D, eps=1e-6)
-            self.g_proj = nn.Linear(d_model, H * D, bias=False)
+            self.g_proj = nn.Linear(d_model, H * Dv, bias=False)
 
     # -- hooks for subclasses -------------------------------------------------------------
     def gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -72,16 +75,21 @@ class ProjectedMixer(Mixer):
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.unflatten(-1, (self.num_heads, self.head_dim))
 
+    def _value_heads(self, t: torch.Tensor) -> torch.Tensor:
+        return t.unflatten(-1, (self.num_heads, self.value_dim))
+
     def _project(self, x: torch.Tensor):
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.config.short_conv:
             q, k, v = self.q_conv(q), self.k_conv(k), self.v_conv(v)
         q, k = self.feature_map(self._heads(q), self._heads(k))
-        return q, k, self._heads(v)
+        return q, k, self._value_heads(v)
 
     def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.normed_output:
+            o = self.o_norm(o)
         if self.gated_output:
-            o = self.o_norm(o) * F.silu(self._heads(self.g_proj(x)))
+            o = o * F.silu(self._value_heads(self.g_proj(x)))
         return self.o_proj(o.flatten(-2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,17 +122,18 @@ class ProjectedMixer(Mixer):
             conv = (cq, ck, cv)
         q, k = self.feature_map(self._heads(q), self._heads(k))
         gates_t = {name: t[:, 0] for name, t in self.gates(x_t.unsqueeze(1)).items()}
-        o_t, state = self.step_op(q, k, self._heads(v), gates_t, cache.state if cache is not None else None)
+        o_t, state = self.step_op(q, k, self._value_heads(v), gates_t, cache.state if cache is not None else None)
         out = self._output(o_t.to(x_t.dtype).unsqueeze(1), x_t.unsqueeze(1))[:, 0]
         return out, DecodeCache(conv, state)
 
     def state_size(self, seq_len: int) -> int:
-        conv = 3 * self.num_heads * self.head_dim * (self.config.conv_size - 1) if self.config.short_conv else 0
+        width = self.num_heads * (2 * self.head_dim + self.value_dim)
+        conv = width * (self.config.conv_size - 1) if self.config.short_conv else 0
         return conv + self.op_state_size(seq_len)
 
     def op_state_size(self, seq_len: int) -> int:
         """Floats of the op's own decode state per sequence (default: one K x V matrix per head)."""
-        return self.num_heads * self.head_dim * self.head_dim
+        return self.num_heads * self.head_dim * self.value_dim
 
 
 def _conv_tail(pre: torch.Tensor, width: int) -> torch.Tensor:

@@ -23,4 +23,4 @@ class SoftmaxAttention(ProjectedMixer):
         return softmax_attention_step(q_t, k_t, v_t, state)
 
     def op_state_size(self, seq_len: int) -> int:
-        return 2 * self.num_heads * self.head_dim * seq_len
+        return self.num_heads * (self.head_dim + self.value_dim) * seq_len

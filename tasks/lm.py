@@ -71,7 +71,7 @@ class LM(Task):
 
         torch.manual_seed(ctx.seed)
         model = MixerLM(ctx.mixer, tok.vocab_size, cfg.model).to(ctx.device)
-        stats = train(model, train_x, train_y, cfg.optim, ctx)
+        stats = train(model, [(train_x, train_y)], cfg.optim, ctx)
         val_loss, val_tokens = validation_loss(model, val_x, val_y, cfg.optim.eval_batch_size, ctx.device)
 
         metrics = {

@@ -2,7 +2,7 @@
 
 A sequence of length L starts with `num_kv_pairs` key-value pairs (k1 v1 k2 v2 ...): keys
 from the lower half of the vocabulary (token 0 excluded), values from the upper half,
-keys distinct within a sequence. Every key is then queried once in the rest of the
+keys distinct and values distinct within a sequence (as Zoology draws them). Every key is then queried once in the rest of the
 sequence, at even offsets whose distance from the context follows a power law
 p(gap) ~ a * gap^(a-1) (short gaps likely). The label at a query's position is its value;
 all other labels are -100. Positions that are neither context nor query hold random
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-GENERATOR_VERSION = 1
+# 2: values are distinct within a sequence (1 drew them with replacement).
+GENERATOR_VERSION = 2
 
 
 def check_setting(seq_len: int, num_kv_pairs: int, vocab_size: int) -> None:
@@ -29,6 +30,36 @@ def check_setting(seq_len: int, num_kv_pairs: int, vocab_size: int) -> None:
         raise ValueError(
             f"vocab_size={vocab_size} gives {vocab_size // 2 - 1} distinct keys, fewer than num_kv_pairs={num_kv_pairs}"
         )
+    if vocab_size - vocab_size // 2 < num_kv_pairs:
+        raise ValueError(
+            f"vocab_size={vocab_size} gives {vocab_size - vocab_size // 2} distinct values, "
+            f"fewer than num_kv_pairs={num_kv_pairs}"
+        )
+
+
+def distinct_draws(rng: np.random.Generator, rows: int, count: int, low: int, high: int) -> np.ndarray:
+    """[rows, count] int64: each row `count` distinct integers from [low, high), in random order.
+
+    Small draws from a large pool redraw the rows that repeat a number (an i.i.d. row kept only
+    when its numbers are distinct is a uniform ordered subset); large draws take the `count`
+    smallest of uniform scores over the pool, in chunks of rows to bound memory."""
+    pool = high - low
+    if count * count <= pool:
+        out = rng.integers(low, high, size=(rows, count))
+        while True:
+            ordered = np.sort(out, axis=1)
+            repeats = np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
+            if repeats.size == 0:
+                return out
+            out[repeats] = rng.integers(low, high, size=(repeats.size, count))
+    out = np.empty((rows, count), dtype=np.int64)
+    chunk = max(1, (1 << 22) // pool)
+    for r0 in range(0, rows, chunk):
+        scores = rng.random((min(chunk, rows - r0), pool))
+        picked = np.argpartition(scores, count - 1, axis=1)[:, :count] if count < pool else np.argsort(scores, axis=1)
+        order = np.argsort(np.take_along_axis(scores, picked, axis=1), axis=1)
+        out[r0 : r0 + len(scores)] = np.take_along_axis(picked, order, axis=1) + low
+    return out
 
 
 def make_mqar(
@@ -42,8 +73,8 @@ def make_mqar(
     half = vocab_size // 2
 
     # Distinct keys per row: the first kv of a random permutation of 1..half-1.
-    keys = np.argsort(rng.random((n, half - 1)), axis=1)[:, :kv] + 1
-    values = rng.integers(half, vocab_size, size=(n, kv))
+    keys = distinct_draws(rng, n, kv, 1, half)
+    values = distinct_draws(rng, n, kv, half, vocab_size)
     context = np.empty((n, 2 * kv), dtype=np.int64)
     context[:, 0::2], context[:, 1::2] = keys, values
 

@@ -118,7 +118,7 @@ class NIAH(Task):
         train_x, train_y = self._train_data(cfg, ctx.seed)
         torch.manual_seed(ctx.seed)
         model = MixerLM(ctx.mixer, cfg.vocab.size, cfg.model).to(ctx.device)
-        stats = train(model, train_x, train_y, cfg.optim, ctx)
+        stats = train(model, [(train_x, train_y)], cfg.optim, ctx)
 
         depths = np.asarray(cfg.depths)
         # hits[length, variant, depth] and counts alike, answers tallied by their needle's depth

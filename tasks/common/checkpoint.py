@@ -46,6 +46,7 @@ def save_checkpoint(path: str | Path, model: MixerLM, tokenizer: dict[str, Any],
         "format": FORMAT,
         "mixer": model.mixer_name,
         "vocab_size": model.vocab_size,
+        "max_positions": model.max_positions,
         "model_config": model.config.model_dump(mode="json"),
         "tokenizer": dict(tokenizer),
         "meta": dict(meta or {}),
@@ -92,7 +93,8 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Che
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"checkpoint {str(path)!r} has format {found!r}; expected {FORMAT!r}")
-    model = MixerLM(payload["mixer"], int(payload["vocab_size"]), ModelConfig(**payload["model_config"]))
+    model = MixerLM(payload["mixer"], int(payload["vocab_size"]), ModelConfig(**payload["model_config"]),
+                    max_positions=int(payload.get("max_positions", 0)))
     model.load_state_dict(payload["state_dict"])
     model.to(device).eval()
     return Checkpoint(model=model, tokenizer=payload["tokenizer"], meta=payload["meta"], path=path)

@@ -3,7 +3,8 @@ mixer's `prefill`), then each new token goes through the mixers' `step`, so a li
 decodes in O(1) time and memory per token (softmax keeps its growing KV cache).
 
 These are functions over MixerLM rather than methods, so the model stays a plain module;
-they follow `Block.forward` exactly (x + mixer(norm1 x), then x + mlp(norm2 x))."""
+they follow `Block.forward` exactly (x + mixer(norm1 x), then the block's `finish`).
+A model with learned positions decodes only through `prefill` (a step has no position)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,11 @@ def prefill(model: MixerLM, tokens: torch.Tensor) -> tuple[torch.Tensor, Caches]
     """Run a prompt tokens [B, T] (T >= 1); returns (logits at its last position [B, vocab], caches)."""
     if tokens.dim() != 2 or tokens.shape[1] < 1:
         raise ValueError(f"tokens must be [B, T] with T >= 1, got shape {tuple(tokens.shape)}")
-    x = model.embed(tokens)
+    x = model.embed_tokens(tokens)
     caches: Caches = []
     for block in model.blocks:
         mixed, cache = block.mixer.prefill(block.norm1(x))
-        x = x + mixed
-        x = x + block.mlp(block.norm2(x))
+        x = block.finish(x + mixed)
         caches.append(cache)
     return model.head(model.norm(x[:, -1])), caches
 
@@ -38,12 +38,13 @@ def decode_step(model: MixerLM, token: torch.Tensor, caches: Caches) -> tuple[to
     """Feed one token per sequence, token [B]; returns (logits for the next token [B, vocab], caches)."""
     if len(caches) != len(model.blocks):
         raise ValueError(f"caches holds {len(caches)} entries for a model of {len(model.blocks)} blocks")
-    x = model.embed(token)
+    if model.max_positions:
+        raise ValueError("decode_step: this model has learned position embeddings; a step carries no position")
+    x = model.embed_tokens(token)
     new_caches: Caches = []
     for block, cache in zip(model.blocks, caches):
         mixed, cache = block.mixer.step(block.norm1(x), cache)
-        x = x + mixed
-        x = x + block.mlp(block.norm2(x))
+        x = block.finish(x + mixed)
         new_caches.append(cache)
     return model.head(model.norm(x)), new_caches
 

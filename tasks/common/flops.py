@@ -132,7 +132,7 @@ def mixer_op_args(mixer: nn.Module) -> dict:
     denominator); lin_gdn with form='vala' is counted as linear attention (its first-order form)."""
     config = mixer.config
     op = mixer.op_name
-    value_dim = mixer.head_dim + int(op == "linear_attention" and getattr(config, "normalize", False))
+    value_dim = mixer.value_dim + int(op == "linear_attention" and getattr(config, "normalize", False))
     if op == "linearized_softmax_gdn" and getattr(config, "form", "gdn") == "vala":
         op = "linear_attention"
     return {

@@ -1,68 +1,153 @@
-"""A small language model built from (mixer, MLP) blocks, as in Zoology's recall studies."""
+"""A small language model of mixer blocks, as in Zoology's recall studies."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from mixers import build_mixer, get_mixer
+from tasks.common.base_conv import BaseConv
 
 
 class ModelConfig(BaseModel):
-    """The LM around the mixer; `mixer` holds the mixer's own options (validated by its Config)."""
+    """The LM around the mixer; `mixer` holds the mixer's own options (validated by its Config).
+
+    The defaults are our own small LM (RMSNorm, mixer + MLP blocks, torch's init). The other
+    values reproduce Zoology's MQAR model: LayerNorm, `state_mixer="identity"`, a BaseConv in
+    front of the mixer, learned positions for attention, tied embeddings, N(0, 0.02) init."""
 
     model_config = ConfigDict(extra="forbid")
 
     d_model: int = Field(64, ge=8, description="residual width")
-    n_layers: int = Field(2, ge=1, description="number of (mixer, MLP) blocks")
+    n_layers: int = Field(2, ge=1, description="number of blocks")
     mlp_ratio: float = Field(2.0, gt=0, description="MLP hidden width / d_model")
     mixer: dict[str, Any] = Field(default_factory=dict, description="mixer options, e.g. num_heads, head_dim")
+    per_mixer: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="options for one mixer only, over `mixer` (e.g. {gdn: {expand_v: 2}})")
+    norm: Literal["rms", "layer"] = Field("rms", description="RMSNorm or LayerNorm before each sub-layer and at the end")
+    state_mixer: Literal["mlp", "identity", "none"] = Field(
+        "mlp", description="second half of a block: x + MLP(norm x); identity: x + norm x (Zoology's MQAR "
+        "models, whose state mixer is nn.Identity); none: no second half")
+    base_conv: bool = Field(
+        False, description="even layers are a BaseConv (gated short conv) instead of the mixer (Zoology's Hybrid)")
+    base_conv_size: int = Field(3, ge=1, le=16, description="BaseConv kernel width")
+    position_embeddings: Literal["none", "attention", "all"] = Field(
+        "none", description="learned absolute positions: never, for softmax attention only, or for every mixer")
+    tie_embeddings: bool = Field(False, description="the LM head shares the token embedding matrix")
+    embed_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the embeddings")
+    init_std: float | None = Field(
+        None, gt=0, description="re-initialise every Linear and Embedding weight as N(0, init_std), biases 0 "
+        "(Zoology and GPT use 0.02); null: each module keeps its own init")
+
+
+    @field_validator("per_mixer")
+    @classmethod
+    def _known_mixers(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name in v:
+            get_mixer(name)  # UnknownMixerError names the valid ones
+        return v
+
+    def mixer_options(self, mixer_name: str) -> dict[str, Any]:
+        """The options mixer `mixer_name` is built with: `mixer`, then its `per_mixer` entry."""
+        return {**self.mixer, **self.per_mixer.get(mixer_name, {})}
 
 
 class Block(nn.Module):
-    """x + mixer(norm(x)), then x + MLP(norm(x))."""
+    """x + mixer(norm(x)), then the state mixer: x + MLP(norm(x)), x + norm(x) or nothing."""
 
-    def __init__(self, mixer: nn.Module, d_model: int, mlp_ratio: float):
+    def __init__(self, mixer: nn.Module, config: ModelConfig):
         super().__init__()
-        hidden = max(8, int(round(d_model * mlp_ratio)))
-        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
+        d_model = config.d_model
+        self.norm1, self.norm2 = _norm(config), _norm(config)
         self.mixer = mixer
-        self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
+        self.state_mixer = config.state_mixer
+        if config.state_mixer == "mlp":
+            hidden = max(8, int(round(d_model * config.mlp_ratio)))
+            self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's second half on x [..., d_model] (shared by forward and decoding)."""
+        if self.state_mixer == "mlp":
+            return x + self.mlp(self.norm2(x))
+        if self.state_mixer == "identity":
+            return x + self.norm2(x)
+        return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.mixer(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        return self.finish(x + self.mixer(self.norm1(x)))
+
+
+def _norm(config: ModelConfig) -> nn.Module:
+    if config.norm == "layer":
+        return nn.LayerNorm(config.d_model, eps=1e-5)
+    return nn.RMSNorm(config.d_model, eps=1e-6)
 
 
 class MixerLM(nn.Module):
-    """tokens [B, T] -> hidden [B, T, d_model]; logits only where asked (saves LM-head work)."""
+    """tokens [B, T] -> hidden [B, T, d_model]; logits only where asked (saves LM-head work).
 
-    def __init__(self, mixer_name: str, vocab_size: int, config: ModelConfig):
+    max_positions: the longest sequence the learned position table covers (needed only
+    when config.position_embeddings applies to this mixer)."""
+
+    def __init__(self, mixer_name: str, vocab_size: int, config: ModelConfig, max_positions: int = 0):
         super().__init__()
         self.mixer_name, self.vocab_size, self.config = mixer_name, vocab_size, config
         # Validate the mixer options once, with the mixer's own error messages.
-        get_mixer(mixer_name).Config(**config.mixer)
+        get_mixer(mixer_name).Config(**config.mixer_options(mixer_name))
         self.embed = nn.Embedding(vocab_size, config.d_model)
+        uses_positions = config.position_embeddings == "all" or (
+            config.position_embeddings == "attention" and mixer_name == "softmax")
+        self.max_positions = max_positions if uses_positions else 0
+        if uses_positions:
+            if max_positions < 1:
+                raise ValueError(f"position_embeddings={config.position_embeddings!r} needs max_positions >= 1")
+            self.pos_embed = nn.Embedding(max_positions, config.d_model)
+        self.embed_dropout = nn.Dropout(config.embed_dropout)
         self.blocks = nn.ModuleList(
-            Block(build_mixer(mixer_name, config.d_model, config.mixer), config.d_model, config.mlp_ratio)
-            for _ in range(config.n_layers)
+            Block(self._layer(i, mixer_name, config), config) for i in range(config.n_layers)
         )
-        self.norm = nn.RMSNorm(config.d_model, eps=1e-6)
+        self.norm = _norm(config)
         self.head = nn.Linear(config.d_model, vocab_size, bias=False)
-        # No LM-wide re-initialisation: every module keeps its own (torch's defaults, and each
-        # mixer's deliberate choices such as decay and beta biases). An earlier GPT-style
-        # normal(0, 0.02) over every Linear and Embedding left gla, deltanet, gdn and mesa at
-        # chance on the MQAR default (1,000 steps, d_model 64): their gate projections started
-        # ~6x smaller than torch's 1/sqrt(fan_in) scale and the low-rank / output gates barely
-        # moved. With the defaults deltanet reached 0.81 on the same budget (results/runs/mqar).
+        if config.init_std is not None:
+            self._normal_init(config.init_std)
+        # Tied after init so the shared matrix gets the embedding's init.
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+        # By default there is no LM-wide re-initialisation: every module keeps its own (torch's
+        # defaults, and each mixer's deliberate choices such as decay and beta biases).
+
+    @staticmethod
+    def _layer(index: int, mixer_name: str, config: ModelConfig) -> nn.Module:
+        if config.base_conv and index % 2 == 0:
+            return BaseConv(config.d_model, config.base_conv_size)
+        return build_mixer(mixer_name, config.d_model, config.mixer_options(mixer_name))
+
+    def _normal_init(self, std: float) -> None:
+        """N(0, std) on every Linear and Embedding weight, zero biases; other parameters
+        (convolutions, norms, decay parameters) keep their own init, as in Zoology."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def embed_tokens(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """tokens [B, T] (positions offset .. offset+T-1) -> embeddings [B, T, d_model]."""
+        x = self.embed(tokens)
+        if self.max_positions:
+            end = offset + tokens.shape[-1]
+            if end > self.max_positions:
+                raise ValueError(f"position {end - 1} is past the position table ({self.max_positions} positions)")
+            x = x + self.pos_embed(torch.arange(offset, end, device=tokens.device))
+        return self.embed_dropout(x)
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, T] -> final normed hidden states [B, T, d_model]."""
-        x = self.embed(tokens)
+        x = self.embed_tokens(tokens)
         for block in self.blocks:
             x = block(x)
         return self.norm(x)
@@ -83,7 +168,7 @@ class MixerLM(nn.Module):
 
     def backends(self) -> list[str]:
         """The op backend each mixer layer really ran (after a forward)."""
-        return [b.mixer.backend_used for b in self.blocks]
+        return [b.mixer.backend_used for b in self.blocks if not isinstance(b.mixer, BaseConv)]
 
     def state_size(self, seq_len: int) -> int:
         """Decode-state floats per sequence summed over layers."""
