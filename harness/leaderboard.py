@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +41,12 @@ def _task_meta(name: str) -> type[Task]:
         return Task  # a task no longer registered: default ranking
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config dicts as one level of dotted keys: {"a": {"b": 1}} -> {"a.b": 1}."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten_config(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -52,10 +54,10 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _config_summary(record: RunRecord, task: type[Task]) -> str:
     """The tuned part of the config: fields that differ from the preset's resolved defaults."""
-    flat = _flatten({k: v for k, v in record.config.items() if k not in task.setting_fields})
+    flat = flatten_config({k: v for k, v in record.config.items() if k not in task.setting_fields})
     try:
         base = task.Config(**task.presets.get(record.preset, {})).model_dump(mode="json")
-        base_flat = _flatten({k: v for k, v in base.items() if k not in task.setting_fields})
+        base_flat = flatten_config({k: v for k, v in base.items() if k not in task.setting_fields})
     except Exception:  # noqa: BLE001 - an old record of a changed task: show everything
         base_flat = {}
     diff = {k: v for k, v in flat.items() if base_flat.get(k, object()) != v}
@@ -93,7 +95,8 @@ def build_boards(results: Path) -> tuple[list[Board], int]:
         if not best:
             continue
         shown = [m for m in task.shown_metrics]
-        extra = sorted({m for _, r in best.values() for m in r.metrics if m.startswith(f"{metric}_")})
+        extra = sorted({m for _, r in best.values() for m in r.metrics if m.startswith(f"{metric}_")
+                        and (not task.board_metrics or re.fullmatch(task.board_metrics, m))})
         columns = [metric, *extra, *shown]
         board = Board(task_name, preset, device, skey, metric, task.higher_is_better, columns)
         ranked = sorted(best.values(), key=lambda pr: pr[1].metrics[metric], reverse=task.higher_is_better)

@@ -82,6 +82,9 @@ class Task:
     higher_is_better: ClassVar[bool] = True
     setting_fields: ClassVar[tuple[str, ...]] = ()
     shown_metrics: ClassVar[tuple[str, ...]] = ()
+    # Which `<primary>_*` metrics a leaderboard shows beside the primary one (a regular
+    # expression matched against the whole name); empty: all of them.
+    board_metrics: ClassVar[str] = ""
 
     @classmethod
     def check_mixer(cls, mixer: str) -> None:

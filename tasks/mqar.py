@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tasks.base import RunContext, Task, TaskConfig, TaskResult
 from tasks.common.checkpoint import CHECKPOINT_FILE, save_checkpoint
 from tasks.common.datacache import cached_arrays
-from tasks.common.model import MixerLM, ModelConfig
+from tasks.common.model import UNGATED_OUTPUT, MixerLM, ModelConfig
 from tasks.common.training import TrainConfig, predict, train
 from tasks.lm_data import IdTokenizer
 from tasks.mqar_data import GENERATOR_VERSION, check_setting, make_mqar
@@ -51,9 +51,6 @@ class MQARConfig(TaskConfig):
 def _setting(seq_len, kv, n):
     return {"seq_len": seq_len, "num_kv_pairs": kv, "num_examples": n}
 
-
-# The RMSNorm without the SiLU output gate for the mixers that have one by default.
-UNGATED_OUTPUT = {name: {"output_gate": False, "output_norm": True} for name in ("gla", "deltanet", "gdn", "mesa")}
 
 # Zoology's MQAR experiment (HazyResearch/zoology: its models_repo / original MQAR configs,
 # model.py and train.py), model and recipe. Where it differs from Zoology it says so:
@@ -104,6 +101,7 @@ class MQAR(Task):
     Config = MQARConfig
     setting_fields = ("vocab_size", "power_a", "random_non_queries", "train", "test")
     shown_metrics = ("params", "state_size", "train_time_s")
+    board_metrics = r"accuracy_(pooled|kv\d+)"  # per-setting figures: the record and the dashboard
     presets = {
         # Calibrated on 2 CPU cores: a few minutes per mixer, and softmax clearly above linear.
         # The gated mixers run without the SiLU output gate (RMSNorm kept), as Zoology runs

@@ -56,6 +56,12 @@ class ModelConfig(BaseModel):
         return {**self.mixer, **self.per_mixer.get(mixer_name, {})}
 
 
+# `per_mixer` options: the RMSNorm without the SiLU output gate, for the mixers that have the
+# gate by default (Zoology's DeltaNet and GDN layers; results/ablations/README.md).
+UNGATED_OUTPUT: dict[str, dict[str, Any]] = {
+    name: {"output_gate": False, "output_norm": True} for name in ("gla", "deltanet", "gdn", "mesa")}
+
+
 class Block(nn.Module):
     """x + mixer(norm(x)), then the state mixer: x + MLP(norm(x)), x + norm(x) or nothing."""
 
