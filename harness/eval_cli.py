@@ -28,16 +28,15 @@ def eval_cmd(
 ) -> None:
     """Evaluate a checkpoint with lm-evaluation-harness; writes one record (task lm-eval)."""
     from harness.cli import _print_results, _progress, console, fail  # fail() escapes rich markup
-
     from tasks.lm_eval_bridge import LM_EVAL_MISSING, lm_eval_available
 
     if not lm_eval_available():
         raise fail(LM_EVAL_MISSING)
+    from pydantic import ValidationError
+
     from harness.config import ConfigError, validate_mixer_options
     from harness.runner import DeviceError, RunSpec, execute, resolve_device
     from harness.tracking import Tracker
-    from pydantic import ValidationError
-
     from tasks.common.checkpoint import load_checkpoint
     from tasks.lm_eval_bridge.task import LMEval, LMEvalConfig
 

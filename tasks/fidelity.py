@@ -144,7 +144,8 @@ class Fidelity(Task):
         gaussian = self._gaussian(cfg, family, ctx)
 
         torch.manual_seed(ctx.seed)
-        softmax_model = MixerLM("softmax", cfg.mqar.vocab_size, cfg.mqar.model).to(ctx.device)
+        longest = max(s.seq_len for s in [*cfg.mqar.train, *cfg.mqar.test])
+        softmax_model = MixerLM("softmax", cfg.mqar.vocab_size, cfg.mqar.model, max_positions=longest).to(ctx.device)
         train_x, train_y = MQAR._data(cfg.mqar, cfg.mqar.train, ctx.seed, split=0)
         stats = train(softmax_model, [(train_x, train_y)], cfg.mqar.optim, dataclasses.replace(ctx, mixer="softmax"))
         test_blocks = [MQAR._data(cfg.mqar, [s], ctx.seed, split=1) for s in cfg.mqar.test]

@@ -62,7 +62,7 @@ def swapped_model(softmax_model: MixerLM, swap: Swap, balance: list[torch.Tensor
     # the softmax model's mixer options, less its backend (softmax has flash_attn, the others not)
     options = {k: v for k, v in softmax_model.config.mixer.items() if k != "backend"}
     model_cfg = softmax_model.config.model_copy(update={"mixer": {**options, **swap.options}})
-    model = MixerLM(swap.mixer, softmax_model.vocab_size, model_cfg)
+    model = MixerLM(swap.mixer, softmax_model.vocab_size, model_cfg, max_positions=softmax_model.max_positions)
     model.load_state_dict(softmax_model.state_dict(), strict=True)  # the same parameters as softmax
     return model.to(next(softmax_model.parameters()).device)
 

@@ -70,7 +70,7 @@ class LM(Task):
         val_y = val_y.masked_fill(val_y == tok.bos_id, -100)  # per-byte perplexity: document ends are not scored
 
         torch.manual_seed(ctx.seed)
-        model = MixerLM(ctx.mixer, tok.vocab_size, cfg.model).to(ctx.device)
+        model = MixerLM(ctx.mixer, tok.vocab_size, cfg.model, max_positions=cfg.seq_len).to(ctx.device)
         stats = train(model, [(train_x, train_y)], cfg.optim, ctx)
         val_loss, val_tokens = validation_loss(model, val_x, val_y, cfg.optim.eval_batch_size, ctx.device)
 

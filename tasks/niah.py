@@ -121,7 +121,8 @@ class NIAH(Task):
         cfg: NIAHConfig = ctx.config
         train_x, train_y = self._train_data(cfg, ctx.seed)
         torch.manual_seed(ctx.seed)
-        model = MixerLM(ctx.mixer, cfg.vocab.size, cfg.model).to(ctx.device)
+        longest = max(cfg.train_len, *cfg.test_lengths)
+        model = MixerLM(ctx.mixer, cfg.vocab.size, cfg.model, max_positions=longest).to(ctx.device)
         stats = train(model, [(train_x, train_y)], cfg.optim, ctx)
 
         depths = np.asarray(cfg.depths)

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from harness.dashboard.common import Figure, Item, axis, colour, latest_per_mixer, layout, length_axis, loglog_interp, trace_xs, view_menu
+from harness.dashboard.common import (
+    Figure,
+    Item,
+    axis,
+    colour,
+    latest_per_mixer,
+    layout,
+    length_axis,
+    loglog_interp,
+    trace_xs,
+    view_menu,
+)
 
 PHASE_NAMES = {"fwd": "forward", "fwdbwd": "forward+backward", "decode": "decode step"}
 SWEEP_NAMES = {"budget": "B·T fixed", "fixed_batch": "B fixed", "decode": ""}

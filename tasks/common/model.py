@@ -68,7 +68,9 @@ class Block(nn.Module):
     def __init__(self, mixer: nn.Module, config: ModelConfig):
         super().__init__()
         d_model = config.d_model
-        self.norm1, self.norm2 = _norm(config), _norm(config)
+        self.norm1 = _norm(config)
+        if config.state_mixer != "none":
+            self.norm2 = _norm(config)
         self.mixer = mixer
         self.state_mixer = config.state_mixer
         if config.state_mixer == "mlp":

@@ -30,9 +30,9 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np

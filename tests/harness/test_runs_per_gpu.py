@@ -9,19 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import typer
-from typer.testing import CliRunner
 
 from harness.executors import ExecutorError, Job, WorkerPoolExecutor, gpu_slot_envs, local_gpu_executor, make_executor
-from harness.sweep_cli import compare_cmd, sweep_cmd
-
-REPO = Path(__file__).resolve().parents[2]
-SMOKE = REPO / "configs" / "smoke-cpu.yaml"
-
-app = typer.Typer()
-app.command("sweep")(sweep_cmd)  # as harness.cli registers them
-app.command("compare")(compare_cmd)
-cli = CliRunner()
+from tests.harness.test_sweep import SMOKE, app, cli  # the sweep CLI as harness.cli registers it
 
 # A stand-in worker: says hello, then answers each job with the environment it runs in.
 FAKE_WORKER = r"""
