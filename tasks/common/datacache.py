@@ -34,13 +34,13 @@ def cached_arrays(kind: str, spec: dict[str, Any], make: Callable[[], dict[str, 
     datasets.disable_progress_bars()  # the harness shows its own progress
     path = cache_root() / kind / cache_key(spec)
     if path.exists():
-        ds = datasets.load_from_disk(str(path)).with_format("numpy")
-        return {name: np.asarray(ds[name]) for name in ds.column_names}
+        table = datasets.load_from_disk(str(path)).data.table
+        return {name: _column_array(table.column(name)) for name in table.column_names}
     arrays = make()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=path.parent))
     try:
-        ds = datasets.Dataset.from_dict({name: list(a) for name, a in arrays.items()})
+        ds = datasets.Dataset.from_dict(dict(arrays))
         ds.save_to_disk(str(tmp))
         (tmp / "spec.json").write_text(json.dumps(spec, indent=1, sort_keys=True))
         try:
@@ -51,3 +51,18 @@ def cached_arrays(kind: str, spec: dict[str, Any], make: Callable[[], dict[str, 
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return arrays
+
+
+def _column_array(column) -> np.ndarray:
+    """A pyarrow column as numpy in its stored dtype: a list column of equal-length rows as
+    [rows, width] (one reshape of the flat values; reading rows one by one through `datasets`
+    takes longer than generating MQAR's data afresh)."""
+    array = column.combine_chunks()
+    if not hasattr(array, "offsets"):
+        return array.to_numpy(zero_copy_only=False)
+    offsets = array.offsets.to_numpy()
+    widths = np.diff(offsets)
+    if len(widths) and (widths != widths[0]).any():
+        return np.array([np.asarray(row) for row in array.to_pylist()], dtype=object)
+    flat = array.flatten().to_numpy(zero_copy_only=False)
+    return flat.reshape(len(array), int(widths[0]) if len(widths) else 0)
