@@ -2,7 +2,7 @@
 
     python benchmarks/datacache_bench.py [--out results/bench/datacache_cpu.json]
 
-For the `default` and `zoology` presets' training settings: the generator's time, the first
+For the `default`, `paper` and `zoology` presets' training settings: the generator's time, the first
 call's (generate + save) and a second call's (load), each the median of three runs in a fresh
 cache. Writes one JSON record with the machine and versions."""
 
@@ -53,7 +53,7 @@ def main() -> None:
     import datasets
     import torch
 
-    rows = [time_preset(p) for p in ("default", "zoology")]
+    rows = [time_preset(p) for p in ("default", "paper", "zoology")]
     record = {"what": "MQAR training data: generate vs load from the data cache (medians of 3)",
               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
               "versions": {"python": platform.python_version(), "numpy": np.__version__,
