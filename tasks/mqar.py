@@ -62,6 +62,9 @@ def _setting(seq_len, kv, n):
 #   = "attention" does that);
 # - Zoology's MHA has attention dropout 0.1 and DeltaNet a SiLU on q, k before the l2 norm;
 #   ours have neither.
+# Early stopping evaluates on the test settings after every epoch, as Zoology's validation
+# set is its test set; the evaluation batch is Zoology's test batch (32), which also keeps
+# the memory of many runs sharing one GPU down.
 ZOOLOGY_PRESET = {
     "vocab_size": 8192,
     "batching": "per_setting",
@@ -90,7 +93,7 @@ ZOOLOGY_PRESET = {
     "optim": {
         "epochs": 32, "batch_size": 256, "lr": 1e-3, "weight_decay": 0.1, "betas": (0.9, 0.999),
         "decay_all": True, "schedule": "epoch_cosine", "grad_clip": None, "early_stop": 0.99,
-        "eval_batch_size": 256,
+        "eval_batch_size": 32,
     },
 }
 
