@@ -169,6 +169,8 @@ class MQAR(Task):
             train_steps=float(stats.steps),
             epochs_run=float(stats.epochs),
         )
+        if stats.eval_curve:
+            metrics["eval_time_s"] = stats.eval_time_s
         ctx.log({f"test/{k}": v for k, v in metrics.items()}, stats.steps)
         backends = sorted(set(model.backends()))
         artifacts = []

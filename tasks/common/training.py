@@ -62,6 +62,7 @@ class TrainStats:
     epochs: int = 0
     stop_reason: str = "epochs"  # "epochs" (all run) or "early_stop" (target accuracy reached)
     eval_curve: list[dict[str, float]] = field(default_factory=list)  # [{epoch, step, accuracy}]
+    eval_time_s: float = 0.0  # the per-epoch evaluations' share of the wall time (not in train_time_s)
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig, epoch: int = 0) -> float:
@@ -139,7 +140,9 @@ def train(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunContext,
                 ctx.log({"train/loss": loss_value, "train/lr": opt.param_groups[0]["lr"]}, step)
         stats.epochs = epoch + 1
         if cfg.early_stop is not None:
+            eval_start = time.perf_counter()
             accuracy = evaluate()
+            stats.eval_time_s += time.perf_counter() - eval_start
             stats.eval_curve.append({"epoch": epoch + 1, "step": step, "accuracy": accuracy})
             ctx.log({"eval/accuracy": accuracy}, step)
             ctx.progress.update(bar, description=f"train {ctx.mixer} epoch {epoch + 1} accuracy {accuracy:.3f}")
@@ -147,7 +150,8 @@ def train(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunContext,
                 stats.stop_reason = "early_stop"
                 break
     ctx.progress.remove_task(bar)
-    stats.steps, stats.final_loss, stats.train_time_s = step, loss_value, time.perf_counter() - start
+    stats.steps, stats.final_loss = step, loss_value
+    stats.train_time_s = time.perf_counter() - start - stats.eval_time_s
     return stats
 
 

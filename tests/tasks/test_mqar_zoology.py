@@ -5,6 +5,7 @@ mixers' expand_k / expand_v / output_norm options and per_mixer validation."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -277,6 +278,20 @@ def test_train_stops_early_once_target_reached(tmp_path):
     assert [e["accuracy"] for e in stats.eval_curve] == [0.5, 0.995]
     assert [e["epoch"] for e in stats.eval_curve] == [1, 2]
     assert [e["step"] for e in stats.eval_curve] == [per_epoch, 2 * per_epoch]
+
+
+def test_evaluation_time_is_kept_out_of_the_training_time(tmp_path):
+    def slow_evaluate():
+        time.sleep(0.3)
+        return 0.0
+
+    cfg = TrainConfig(epochs=2, batch_size=4, early_stop=0.99)
+    start = time.perf_counter()
+    stats = train(_small_lm(), _toy_blocks(), cfg, _ctx(tmp_path), evaluate=slow_evaluate)
+    wall = time.perf_counter() - start
+    assert stats.eval_time_s >= 0.6
+    assert stats.train_time_s + stats.eval_time_s <= wall
+    assert stats.train_time_s < wall - 0.6
 
 
 def test_train_runs_all_epochs_without_early_stop(tmp_path):
