@@ -91,6 +91,11 @@ def epoch_batches(blocks: Blocks, batch_size: int, gen: torch.Generator) -> list
     return batches
 
 
+def _non_finite_parameters(model: MixerLM) -> list[str]:
+    """Names of the parameters holding a NaN or an infinity."""
+    return [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+
+
 def _optimizer(model: MixerLM, cfg: TrainConfig) -> torch.optim.Optimizer:
     if cfg.decay_all:
         groups = [{"params": list(model.parameters()), "weight_decay": cfg.weight_decay}]
@@ -125,7 +130,16 @@ def train(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunContext,
             x, y = inputs[idx].to(device), labels[idx].to(device)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total, cfg, epoch)
-            loss, _, _ = model.loss(x, y)
+            try:
+                loss, _, _ = model.loss(x, y)
+            except ValueError as e:
+                # A NaN weight reaches the ops' input checks (a gate "must be <= 0") before the
+                # loss: name the divergence, not the symptom.
+                if _non_finite_parameters(model):
+                    raise TrainingDiverged(
+                        f"parameters became non-finite before step {step} (epoch {epoch}): "
+                        f"{', '.join(_non_finite_parameters(model)[:3])}; try a lower lr") from e
+                raise
             if not torch.isfinite(loss):
                 raise TrainingDiverged(f"loss became {loss.item()} at step {step} (epoch {epoch}); try a lower lr")
             opt.zero_grad(set_to_none=True)

@@ -20,7 +20,7 @@ from tasks.base import RunContext
 from tasks.common.base_conv import BaseConv
 from tasks.common.decoding import decode_step, prefill
 from tasks.common.model import MixerLM, ModelConfig
-from tasks.common.training import TrainConfig, _optimizer, epoch_batches, lr_at, train
+from tasks.common.training import TrainConfig, TrainingDiverged, _optimizer, epoch_batches, lr_at, train
 from tasks.mqar import MQAR, MQARConfig, mean_accuracy, settings_metrics
 from tasks.mqar_data import GENERATOR_VERSION, check_setting, distinct_draws, make_mqar
 from tasks.registry import get_task
@@ -672,3 +672,11 @@ def test_validate_mixer_options_reports_bad_per_mixer_option():
     # MixerLM itself refuses it too
     with pytest.raises(ValidationError, match="bogus_option"):
         MixerLM("gla", cfg.vocab_size, cfg.model)
+
+
+def test_a_nan_weight_is_reported_as_divergence_not_as_an_op_error(tmp_path):
+    model = MixerLM("gdn", 64, ModelConfig(d_model=16, n_layers=1, mixer={"num_heads": 2}))
+    with torch.no_grad():
+        model.blocks[0].mixer.a_proj.weight.fill_(float("nan"))
+    with pytest.raises(TrainingDiverged, match="a_proj"):
+        train(model, _toy_blocks(), TrainConfig(epochs=1, batch_size=4), _ctx(tmp_path))
