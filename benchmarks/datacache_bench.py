@@ -1,6 +1,6 @@
 """Time generating MQAR training data against loading it from the data cache (CPU).
 
-    python benchmarks/datacache_bench.py [--out results/bench/datacache_cpu.json]
+    python -m benchmarks.datacache_bench [--out results/bench/datacache_cpu.json]
 
 For the `default`, `paper` and `zoology` presets' training settings: the generator's time, the first
 call's (generate + save) and a second call's (load), each the median of three runs in a fresh
@@ -9,7 +9,6 @@ cache. Writes one JSON record with the machine and versions."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.timing import save_record
 from harness.config import resolve_config
 from tasks.common.datacache import cached_arrays
 from tasks.mqar_data import GENERATOR_VERSION, make_mqar
@@ -59,10 +59,7 @@ def main() -> None:
               "versions": {"python": platform.python_version(), "numpy": np.__version__,
                            "datasets": datasets.__version__, "torch": torch.__version__},
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(args.out)
+    save_record(record, str(args.out))
     for r in rows:
         print(f"{r['preset']}: {r['sequences']} sequences, generate {r['generate_s']:.2f} s, "
               f"generate+save {r['generate_and_save_s']:.2f} s, load {r['load_s']:.2f} s")

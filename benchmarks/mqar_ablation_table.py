@@ -1,6 +1,6 @@
 """Markdown table of MQAR run records: what each run changed from its preset, and what it got.
 
-    python benchmarks/mqar_ablation_table.py results/ablations/mqar-gpu-recipe [more folders]
+    python -m benchmarks.mqar_ablation_table results/ablations/mqar-gpu-recipe [more folders]
 
 Each row names the config keys whose values differ from the record's preset (the mixer's
 per_mixer entry folded in), then accuracy (mean over test settings), pooled accuracy, the

@@ -1,6 +1,6 @@
 """Steps/s of MQAR training runs, alone and packed on one GPU, from their run records.
 
-    python benchmarks/mqar_speed_summary.py --alone results/ablations/mqar-gpu-alone \
+    python -m benchmarks.mqar_speed_summary --alone results/ablations/mqar-gpu-alone \
         --packed results/ablations/mqar-gpu-zoology-vs-paper results/ablations/mqar-gpu-recipe \
         results/ablations/mqar-gpu-pairs --out results/bench/mqar_steps_h200.json
 
@@ -12,9 +12,9 @@ GPU's throughput for that wave."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from benchmarks.timing import save_record
 from harness.records import load_records
 
 
@@ -46,9 +46,7 @@ def main() -> None:
                       "steps_per_s_min": min(rates), "steps_per_s_max": max(rates), "rows": rows})
     record = {"what": "MQAR training steps/s, one run alone and runs packed on one GPU (from run records)",
               "alone": alone, "packed": waves}
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(args.out)
+    save_record(record, str(args.out))
     for row in alone:
         print(f"alone  {row['mixer']:8s} d={row['d_model']} {row['train_steps']:.0f} steps {row['steps_per_s']:.1f}/s, "
               f"{row['outside_training_s']:.1f} s outside training")

@@ -23,8 +23,11 @@ def save_record(record: dict, path: str) -> None:
     paths = [path] + ([os.path.join(os.environ["OUT"], os.path.basename(path))] if os.environ.get("OUT") else [])
     for target in dict.fromkeys(paths):
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        with open(target, "w") as f:
+        tmp = f"{target}.tmp"  # renamed into place: a reader never sees half a record
+        with open(tmp, "w") as f:
             json.dump(record, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, target)
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
