@@ -80,6 +80,15 @@ class ShortConv(nn.Module):
         return F.silu(y), window[..., 1:]
 
 
+def conv_tail(pre: torch.Tensor, width: int) -> torch.Tensor:
+    """The last `width` convolution inputs of pre [B, T, D] as a decode cache [B, D, width]
+    (zero-padded for prompts shorter than width; empty for width 0)."""
+    tail = pre[:, pre.shape[1] - min(width, pre.shape[1]):].transpose(1, 2)
+    if tail.shape[-1] < width:
+        tail = F.pad(tail, (width - tail.shape[-1], 0))
+    return tail
+
+
 class Mixer(nn.Module):
     """Base class of every registered mixer.
 

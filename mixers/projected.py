@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mixers.base import Mixer, MixerConfig, ShortConv
+from mixers.base import Mixer, MixerConfig, ShortConv, conv_tail
 
 
 class DecodeCache(NamedTuple):
@@ -107,7 +107,7 @@ class ProjectedMixer(Mixer):
         conv = None
         if self.config.short_conv:
             w = self.config.conv_size - 1
-            conv = tuple(_conv_tail(p(x), w) for p in (self.q_proj, self.k_proj, self.v_proj))
+            conv = tuple(conv_tail(p(x), w) for p in (self.q_proj, self.k_proj, self.v_proj))
         return self._output(o.to(x.dtype), x), DecodeCache(conv, state)
 
     def step(self, x_t: torch.Tensor, cache: DecodeCache | None) -> tuple[torch.Tensor, DecodeCache]:
@@ -134,11 +134,3 @@ class ProjectedMixer(Mixer):
     def op_state_size(self, seq_len: int) -> int:
         """Floats of the op's own decode state per sequence (default: one K x V matrix per head)."""
         return self.num_heads * self.head_dim * self.value_dim
-
-
-def _conv_tail(pre: torch.Tensor, width: int) -> torch.Tensor:
-    """The last `width` pre-convolution inputs [B, D, width] (zero-padded for short prompts)."""
-    tail = pre[:, -width:].transpose(1, 2)
-    if tail.shape[-1] < width:
-        tail = F.pad(tail, (width - tail.shape[-1], 0))
-    return tail

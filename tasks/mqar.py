@@ -154,11 +154,15 @@ class MQAR(Task):
         longest = max(s.seq_len for s in [*cfg.train, *cfg.test])
         model = MixerLM(ctx.mixer, cfg.vocab_size, cfg.model, max_positions=longest).to(ctx.device)
 
+        scored: list[list[dict]] = []  # early stopping's per-epoch scores, the last one kept
+
         def evaluate() -> float:
-            return mean_accuracy(score_settings(model, cfg, test_blocks, ctx.device))
+            scored[:] = [score_settings(model, cfg, test_blocks, ctx.device)]
+            return mean_accuracy(scored[0])
 
         stats = train(model, train_blocks, cfg.optim, ctx, evaluate=evaluate)
-        by_setting = score_settings(model, cfg, test_blocks, ctx.device)
+        # The last epoch's evaluation already scored the final weights.
+        by_setting = scored[0] if scored else score_settings(model, cfg, test_blocks, ctx.device)
         metrics = settings_metrics(by_setting)
         longest_test = max(s.seq_len for s in cfg.test)
         metrics.update(

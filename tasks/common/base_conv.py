@@ -9,8 +9,9 @@ prefill, step, state_size, backend_used), so a block holds it in place of a mixe
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from mixers.base import conv_tail
 
 
 class BaseConv(nn.Module):
@@ -31,10 +32,7 @@ class BaseConv(nn.Module):
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole prompt x [B, T, d_model] and the decode cache [B, d_model, kernel_size-1]."""
-        tail = x[:, -(self.kernel_size - 1):].transpose(1, 2) if self.kernel_size > 1 else x[:, :0].transpose(1, 2)
-        if tail.shape[-1] < self.kernel_size - 1:
-            tail = F.pad(tail, (self.kernel_size - 1 - tail.shape[-1], 0))
-        return self(x), tail
+        return self(x), conv_tail(x, self.kernel_size - 1)
 
     def step(self, x_t: torch.Tensor, cache: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One token x_t [B, d_model] -> ([B, d_model], cache)."""

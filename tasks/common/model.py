@@ -18,7 +18,8 @@ class ModelConfig(BaseModel):
 
     The defaults are our own small LM (RMSNorm, mixer + MLP blocks, torch's init). The other
     values reproduce Zoology's MQAR model: LayerNorm, `state_mixer="identity"`, a BaseConv in
-    front of the mixer, learned positions for attention, tied embeddings, N(0, 0.02) init."""
+    front of the mixer, tied embeddings, N(0, 0.02) init (and, as its older configs did,
+    learned positions for attention)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -42,7 +43,6 @@ class ModelConfig(BaseModel):
     init_std: float | None = Field(
         None, gt=0, description="re-initialise every Linear and Embedding weight as N(0, init_std), biases 0 "
         "(Zoology and GPT use 0.02); null: each module keeps its own init")
-
 
     @field_validator("per_mixer")
     @classmethod
