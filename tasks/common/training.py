@@ -135,10 +135,11 @@ def train(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunContext,
             except ValueError as e:
                 # A NaN weight reaches the ops' input checks (a gate "must be <= 0") before the
                 # loss: name the divergence, not the symptom.
-                if _non_finite_parameters(model):
+                bad = _non_finite_parameters(model)
+                if bad:
                     raise TrainingDiverged(
                         f"parameters became non-finite before step {step} (epoch {epoch}): "
-                        f"{', '.join(_non_finite_parameters(model)[:3])}; try a lower lr") from e
+                        f"{', '.join(bad[:3])}; try a lower lr") from e
                 raise
             if not torch.isfinite(loss):
                 raise TrainingDiverged(f"loss became {loss.item()} at step {step} (epoch {epoch}); try a lower lr")
