@@ -15,7 +15,7 @@ from tasks.base import RunContext, Task, TaskConfig, TaskResult
 from tasks.common.datacache import cached_arrays
 from tasks.common.heatmap import HeatmapPanel, save_heatmaps
 from tasks.common.model import UNGATED_OUTPUT, MixerLM, ModelConfig
-from tasks.common.training import TrainConfig, predict, train
+from tasks.common.training import TrainConfig, predict, step_details, train, uses_cuda_graph
 from tasks.niah_data import (
     GENERATOR_VERSION,
     NIAHBlock,
@@ -113,12 +113,13 @@ class NIAH(Task):
             "train_len": 1024, "train_examples": 48_000, "test_lengths": [1024, 2048, 4096, 8192],
             "depths": [i / 10 for i in range(11)], "test_examples": 32, "eval_tokens": 262_144,
             "model": _model(128, 2, state_mixer="identity", tie_embeddings=True, per_mixer=UNGATED_OUTPUT),
-            "optim": {"epochs": 4, "batch_size": 64, "lr": 3e-3},
+            "optim": {"epochs": 4, "batch_size": 64, "lr": 3e-3, "cuda_graph": "auto"},
         },
     }
 
     def run(self, ctx: RunContext) -> TaskResult:
         cfg: NIAHConfig = ctx.config
+        uses_cuda_graph(cfg.optim, ctx.device)  # a bad step mode fails before the data is built
         train_x, train_y = self._train_data(cfg, ctx.seed)
         torch.manual_seed(ctx.seed)
         longest = max(cfg.train_len, *cfg.test_lengths)
@@ -160,7 +161,8 @@ class NIAH(Task):
         ]
         return TaskResult(
             metrics=metrics, backend=",".join(sorted(set(model.backends()))),
-            details={"cells": cells, "state_size_at": max(cfg.test_lengths)}, artifacts=[HEATMAP_FILE],
+            details={"cells": cells, "state_size_at": max(cfg.test_lengths), "train_step": step_details(stats)},
+            artifacts=[HEATMAP_FILE],
         )
 
     @staticmethod

@@ -8,6 +8,14 @@ import torch
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def graph_capturing(t: torch.Tensor) -> bool:
+    """True while t's CUDA stream is being captured into a CUDA graph.
+
+    A value check reads the device (a host sync), which capture forbids; a captured op
+    skips its value checks, and the graphed training step checks its loss instead."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
@@ -50,6 +58,8 @@ def check_gate(op: str, g: torch.Tensor, B: int, T: int, H: int, K: int, allow_v
         vector = True
     else:
         raise ValueError(f"{op}: g must have shape {valid}, got {_shape(g)}")
+    if graph_capturing(g):
+        return vector
     with torch.no_grad():
         gmax = g.max().item()
         if not (gmax <= 0.0):  # catches NaN too
@@ -65,6 +75,8 @@ def check_beta(op: str, beta: torch.Tensor, B: int, T: int, H: int) -> None:
     if not isinstance(beta, torch.Tensor) or tuple(beta.shape) != (B, T, H):
         got = _shape(beta) if isinstance(beta, torch.Tensor) else type(beta).__name__
         raise ValueError(f"{op}: beta must have shape [{B}, {T}, {H}], got {got}")
+    if graph_capturing(beta):
+        return
     with torch.no_grad():
         bmin, bmax = beta.min().item(), beta.max().item()
     if not (bmin > 0.0 and bmax <= 1.0):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.common.checks import graph_capturing
 from kernels.common.chunking import merge_chunks, split_chunks
 
 # Largest within-block log-decay spread factorised directly: factors stay in e^{±30}, so even
@@ -91,10 +92,13 @@ def _intra_blocks(q, k, v, g):
     # sum: a huge g_1 then cannot eat the precision of the later, small gates.
     first_token = torch.arange(P, device=g.device)[:, None] == 0
     within = g.masked_fill(first_token, 0.0).cumsum(dim=-2)
-    with torch.no_grad():
-        spread = (-within[..., -1, :]).max().item()  # inf (a -inf gate) fails the test below
-    if spread <= SAFE_SPREAD:
-        return _intra_factorised(q, k, v, within)
+    # The spread test reads the device; under CUDA-graph capture it cannot, and the split
+    # (exact for any spread) serves every block.
+    if not graph_capturing(g):
+        with torch.no_grad():
+            spread = (-within[..., -1, :]).max().item()  # inf (a -inf gate) fails the test below
+        if spread <= SAFE_SPREAD:
+            return _intra_factorised(q, k, v, within)
 
     half = P // 2
     lead = q.shape[:-2]

@@ -18,6 +18,7 @@ from kernels.common.checks import (
     check_step_gate,
     check_step_qkv,
     default_scale,
+    graph_capturing,
 )
 from kernels.common.chunking import check_chunk_size
 from kernels.common.dispatch import resolve_backend
@@ -118,6 +119,8 @@ def _check_lamb(op: str, name: str, lamb: torch.Tensor, H: int, K: int) -> None:
     if not isinstance(lamb, torch.Tensor) or tuple(lamb.shape) != (H, K) or lamb.dtype not in FLOAT_DTYPES:
         got = f"shape {list(lamb.shape)}, {lamb.dtype}" if isinstance(lamb, torch.Tensor) else type(lamb).__name__
         raise ValueError(f"{op}: {name} must be a floating tensor of shape [H, K] = [{H}, {K}], got {got}")
+    if graph_capturing(lamb):
+        return
     with torch.no_grad():
         lo, hi = lamb.min().item(), lamb.max().item()
     if not (lo > 0.0 and hi < float("inf")):

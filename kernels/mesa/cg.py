@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from kernels.common.checks import graph_capturing
 from kernels.common.chunking import split_chunks
 from kernels.mesa.state import MesaState
 from kernels.mesa.system import build_system, chunk_start_states
@@ -31,6 +32,9 @@ def conjugate_gradient(
     i = 0 (the start) .. the last. Divisions are guarded so an exactly converged system
     (zero residual) stays put instead of producing 0/0.
     """
+    if tol is not None and graph_capturing(b):
+        raise ValueError("mesa CG: a tolerance stops on a device read, which CUDA-graph capture forbids; "
+                         "use cg_tol=None (a fixed number of steps) when the step is graphed")
     tiny = torch.finfo(b.dtype).tiny
     x = x0.clone()
     r = b - matvec(x)

@@ -95,6 +95,19 @@ def _norm(config: ModelConfig) -> nn.Module:
     return nn.RMSNorm(config.d_model, eps=1e-6)
 
 
+def scored_positions(labels: torch.Tensor, scored: int) -> torch.Tensor:
+    """Flat indices [scored] of the positions where labels [B, T] != -100, in order.
+
+    A scatter by running count instead of nonzero, so the output size is known without reading
+    the device. `scored` must be the true count."""
+    flat = labels.reshape(-1) != -100
+    rank = flat.long().cumsum(0) - 1
+    slot = torch.where(flat, rank, torch.full_like(rank, scored))  # unscored positions land past the end
+    where = torch.empty(scored + 1, dtype=torch.long, device=labels.device)
+    where.scatter_(0, slot, torch.arange(flat.numel(), device=labels.device))
+    return where[:scored]
+
+
 class MixerLM(nn.Module):
     """tokens [B, T] -> hidden [B, T, d_model]; logits only where asked (saves LM-head work).
 
@@ -167,11 +180,21 @@ class MixerLM(nn.Module):
             h = h[score_mask]
         return self.head(h)
 
-    def loss(self, tokens: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Cross-entropy on positions with labels != -100; returns (loss, predictions, targets)."""
-        mask = labels != -100
-        logits = self(tokens, mask)
-        targets = labels[mask]
+    def loss(self, tokens: torch.Tensor, labels: torch.Tensor,
+             scored: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Cross-entropy on positions with labels != -100; returns (loss, predictions, targets).
+
+        tokens, labels: [B, T]. scored: the number of such positions when the caller knows it;
+        the positions are then found without a host sync (CUDA-graph capture needs this)."""
+        if scored is None:
+            mask = labels != -100
+            logits = self(tokens, mask)
+            targets = labels[mask]
+        else:
+            where = scored_positions(labels, scored)
+            h = self.hidden(tokens)
+            logits = self.head(h.reshape(-1, h.shape[-1]).index_select(0, where))
+            targets = labels.reshape(-1).index_select(0, where)
         return F.cross_entropy(logits.float(), targets), logits.argmax(-1), targets
 
     def backends(self) -> list[str]:

@@ -5,6 +5,7 @@ recall positions. Shared by MQAR and NIAH so both tasks train the same way."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +16,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.base import RunContext
+from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw, set_lr
 from tasks.common.model import MixerLM
+
+LOSS_READ_EVERY = 25  # graphed steps between host reads of the loss
 
 
 class TrainConfig(BaseModel):
@@ -39,6 +43,9 @@ class TrainConfig(BaseModel):
     early_stop: float | None = Field(
         None, gt=0, le=1, description="evaluate after every epoch and stop once accuracy >= this (Zoology: 0.99)")
     eval_batch_size: int = Field(256, ge=1)
+    cuda_graph: bool | Literal["auto"] = Field(
+        False, description="replay each training step as a CUDA graph (one launch a step): true needs a CUDA "
+        "device, auto uses graphs on CUDA and eager steps elsewhere")
 
     @field_validator("betas")
     @classmethod
@@ -63,6 +70,9 @@ class TrainStats:
     stop_reason: str = "epochs"  # "epochs" (all run) or "early_stop" (target accuracy reached)
     eval_curve: list[dict[str, float]] = field(default_factory=list)  # [{epoch, step, accuracy}]
     eval_time_s: float = 0.0  # the per-epoch evaluations' share of the wall time (not in train_time_s)
+    step_mode: str = "eager"  # "eager" or "cuda_graph"
+    graph_steps: int = 0  # steps replayed from a CUDA graph (the rest ran eagerly)
+    graphs: int = 0  # batch shapes captured
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig, epoch: int = 0) -> float:
@@ -96,7 +106,8 @@ def _non_finite_parameters(model: MixerLM) -> list[str]:
     return [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
 
 
-def _optimizer(model: MixerLM, cfg: TrainConfig) -> torch.optim.Optimizer:
+def _optimizer(model: MixerLM, cfg: TrainConfig, graphed: bool = False,
+               device: torch.device | None = None) -> torch.optim.Optimizer:
     if cfg.decay_all:
         groups = [{"params": list(model.parameters()), "weight_decay": cfg.weight_decay}]
     else:
@@ -104,7 +115,26 @@ def _optimizer(model: MixerLM, cfg: TrainConfig) -> torch.optim.Optimizer:
         decayed = [p for name, p in named if p.dim() >= 2 and "embed" not in name]
         kept = [p for name, p in named if not (p.dim() >= 2 and "embed" not in name)]
         groups = [{"params": decayed, "weight_decay": cfg.weight_decay}, {"params": kept, "weight_decay": 0.0}]
+    if graphed:
+        return make_capturable_adamw(groups, cfg.lr, cfg.betas, device)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def uses_cuda_graph(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether training steps are graphed on `device`; true without CUDA is an error."""
+    if cfg.cuda_graph is True and device.type != "cuda":
+        raise ValueError(f"optim.cuda_graph=true needs a CUDA device, got {device}; use auto or false")
+    return cfg.cuda_graph is not False and device.type == "cuda"
+
+
+def _diverged_from(error: ValueError, model: MixerLM, step: int, epoch: int) -> Exception:
+    """A NaN weight reaches the ops' input checks (a gate "must be <= 0") before the loss:
+    name the divergence, not the symptom."""
+    bad = _non_finite_parameters(model)
+    if not bad:
+        return error
+    return TrainingDiverged(
+        f"parameters became non-finite before step {step} (epoch {epoch}): {', '.join(bad[:3])}; try a lower lr")
 
 
 def train(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunContext,
@@ -112,47 +142,64 @@ def train(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunContext,
     """Train in place on blocks of (inputs, labels) [N_b, T_b] tensors, each batch from one block.
 
     evaluate() -> accuracy runs after every epoch when cfg.early_stop is set (it is then
-    required); training stops once it reaches cfg.early_stop. Logs loss and lr through ctx.log."""
+    required); training stops once it reaches cfg.early_stop. Logs loss and lr through ctx.log.
+    With CUDA graphs (cfg.cuda_graph) the blocks move to the GPU once and the loss is read every
+    LOSS_READ_EVERY steps, so divergence is reported within that many steps."""
     if cfg.early_stop is not None and evaluate is None:
         raise ValueError("optim.early_stop is set but this task has no evaluation to stop on")
     device = ctx.device
+    graphed = uses_cuda_graph(cfg, device)
     steps_per_epoch = sum(math.ceil(x.shape[0] / cfg.batch_size) for x, _ in blocks)
     total = steps_per_epoch * cfg.epochs
-    opt = _optimizer(model, cfg)
+    opt = _optimizer(model, cfg, graphed, device)
+    runner = GraphedSteps(model, opt, cfg.grad_clip) if graphed else None
+    if graphed:
+        scored_per_row = [(y != -100).sum(1) for _, y in blocks]  # on the host: no sync per batch
+        blocks = [(x.to(device), y.to(device)) for x, y in blocks]
     gen = torch.Generator().manual_seed(ctx.seed)
     bar = ctx.progress.add_task(f"train {ctx.mixer}", total=total)
     model.train()
     start, step, loss_value = time.perf_counter(), 0, float("nan")
-    stats = TrainStats(steps=0, final_loss=loss_value, train_time_s=0.0)
+    stats = TrainStats(steps=0, final_loss=loss_value, train_time_s=0.0, step_mode="cuda_graph" if graphed else "eager")
     for epoch in range(cfg.epochs):
-        for b, idx in epoch_batches(blocks, cfg.batch_size, gen):
+        batches = epoch_batches(blocks, cfg.batch_size, gen)
+        if graphed:
+            # One host-to-device copy of the epoch's row indices instead of one per batch.
+            flat = torch.cat([idx for _, idx in batches]).to(device)
+            offsets = [0, *itertools.accumulate(len(idx) for _, idx in batches)]
+        for n, (b, idx) in enumerate(batches):
             inputs, labels = blocks[b]
-            x, y = inputs[idx].to(device), labels[idx].to(device)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, total, cfg, epoch)
-            try:
-                loss, _, _ = model.loss(x, y)
-            except ValueError as e:
-                # A NaN weight reaches the ops' input checks (a gate "must be <= 0") before the
-                # loss: name the divergence, not the symptom.
-                bad = _non_finite_parameters(model)
-                if bad:
-                    raise TrainingDiverged(
-                        f"parameters became non-finite before step {step} (epoch {epoch}): "
-                        f"{', '.join(bad[:3])}; try a lower lr") from e
-                raise
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(f"loss became {loss.item()} at step {step} (epoch {epoch}); try a lower lr")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            step += 1
-            loss_value = loss.item()
+            set_lr(opt, lr_at(step, total, cfg, epoch))
+            if graphed:
+                rows = flat[offsets[n] : offsets[n + 1]]
+                x, y = inputs.index_select(0, rows), labels.index_select(0, rows)
+                try:
+                    loss = runner.step(x, y, int(scored_per_row[b][idx].sum()))
+                except ValueError as e:
+                    raise _diverged_from(e, model, step, epoch) from e
+                step += 1
+                if step % LOSS_READ_EVERY == 0 or step == total:
+                    loss_value = _read_loss(loss, step, epoch)
+            else:
+                x, y = inputs[idx].to(device), labels[idx].to(device)
+                try:
+                    loss, _, _ = model.loss(x, y)
+                except ValueError as e:
+                    raise _diverged_from(e, model, step, epoch) from e
+                if not torch.isfinite(loss):
+                    raise TrainingDiverged(f"loss became {loss.item()} at step {step} (epoch {epoch}); try a lower lr")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                opt.step()
+                step += 1
+                loss_value = loss.item()
             ctx.progress.update(bar, advance=1, description=f"train {ctx.mixer} loss {loss_value:.3f}")
             if step % 50 == 0 or step == total:
-                ctx.log({"train/loss": loss_value, "train/lr": opt.param_groups[0]["lr"]}, step)
+                ctx.log({"train/loss": loss_value, "train/lr": lr_at(step - 1, total, cfg, epoch)}, step)
+        if graphed:
+            loss_value = _read_loss(loss, step, epoch)
         stats.epochs = epoch + 1
         if cfg.early_stop is not None:
             eval_start = time.perf_counter()
@@ -166,8 +213,25 @@ def train(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunContext,
                 break
     ctx.progress.remove_task(bar)
     stats.steps, stats.final_loss = step, loss_value
+    if runner is not None:
+        stats.graph_steps, stats.graphs = runner.graph_steps, len(runner.captured)
     stats.train_time_s = time.perf_counter() - start - stats.eval_time_s
     return stats
+
+
+def step_details(stats: TrainStats) -> dict[str, object]:
+    """How the training steps ran, for a record's details."""
+    return {"mode": stats.step_mode, "steps": stats.steps, "graph_steps": stats.graph_steps, "graphs": stats.graphs,
+            "steps_per_s": stats.steps / stats.train_time_s if stats.train_time_s > 0 else None}
+
+
+def _read_loss(loss: torch.Tensor, step: int, epoch: int) -> float:
+    """The loss as a float (a host sync); a NaN or an infinity is a divergence."""
+    value = loss.item()
+    if not math.isfinite(value):
+        raise TrainingDiverged(
+            f"loss became {value} by step {step} (epoch {epoch}; read every {LOSS_READ_EVERY} steps); try a lower lr")
+    return value
 
 
 @torch.no_grad()

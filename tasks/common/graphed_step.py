@@ -1,0 +1,104 @@
+"""Training steps replayed as CUDA graphs.
+
+A recall model is small: an eager step is hundreds of kernel launches that each do a few
+microseconds of work, so the GPU waits on Python. Here forward, backward, gradient clipping
+and AdamW are captured once per batch shape as one CUDA graph and then replayed, one launch a
+step. The first batch of every shape runs eagerly (it warms up autograd, cuBLAS and the
+optimiser state) and is a real training step; capture itself runs nothing.
+
+The graphs share one memory pool and are replayed one at a time, which is safe: each holds
+nothing between replays but its static inputs and loss (parameters, gradients' owners and the
+optimiser state live outside the pool).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tasks.common.model import MixerLM
+
+MAX_GRAPHS = 32  # batch shapes captured per run; further shapes run eagerly (and are counted)
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    tokens: torch.Tensor  # static input [B, T]
+    labels: torch.Tensor  # static input [B, T]
+    loss: torch.Tensor  # static output, scalar
+
+
+class GraphedSteps:
+    """One training step per call: a replayed CUDA graph, or an eager step for a new shape.
+
+    The optimiser must be built with capturable=True and tensor learning rates on the device
+    (make_capturable_adamw)."""
+
+    def __init__(self, model: MixerLM, opt: torch.optim.Optimizer, grad_clip: float | None):
+        self.model, self.opt, self.grad_clip = model, opt, grad_clip
+        self.pool = torch.cuda.graph_pool_handle()
+        self.captured: dict[tuple[int, int, int], _Captured] = {}
+        self.side = torch.cuda.Stream()
+        self.graph_steps = 0
+        self.eager_steps = 0
+
+    def step(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:
+        """Train on tokens, labels [B, T] (on the GPU) with `scored` labelled positions.
+
+        Returns the loss as a device scalar (no host sync); a graph's loss tensor is reused by
+        its next replay, so read it before the next step."""
+        key = (tokens.shape[0], tokens.shape[1], scored)
+        hit = self.captured.get(key)
+        if hit is not None:
+            hit.tokens.copy_(tokens)
+            hit.labels.copy_(labels)
+            hit.graph.replay()
+            self.graph_steps += 1
+            return hit.loss
+        # The first batch of a new shape: a real step, eager, on a side stream as capture wants.
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            loss = self._eager(tokens, labels, scored)
+        torch.cuda.current_stream().wait_stream(self.side)
+        self.eager_steps += 1
+        if len(self.captured) < MAX_GRAPHS:
+            self.captured[key] = self._capture(tokens, labels, scored)
+        return loss
+
+    def _eager(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=True)
+        loss, _, _ = self.model.loss(tokens, labels, scored)
+        loss.backward()
+        if self.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.opt.step()
+        return loss.detach()
+
+    def _capture(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> _Captured:
+        static_tokens, static_labels = tokens.clone(), labels.clone()
+        graph = torch.cuda.CUDAGraph()
+        # Gradients set to None, so the captured backward allocates (and on replay rewrites)
+        # its own instead of accumulating into the eager step's.
+        self.opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph, pool=self.pool):
+            loss = self._eager(static_tokens, static_labels, scored)
+        return _Captured(graph, static_tokens, static_labels, loss)
+
+
+def make_capturable_adamw(groups: list[dict], lr: float, betas: tuple[float, float],
+                          device: torch.device) -> torch.optim.AdamW:
+    """AdamW whose step can be captured: state and learning rate live on the device."""
+    for group in groups:
+        group["lr"] = torch.tensor(lr, dtype=torch.float32, device=device)
+    return torch.optim.AdamW(groups, lr=torch.tensor(lr, device=device), betas=betas, capturable=True, foreach=True)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Set every group's learning rate, in place when it is a device tensor (no sync)."""
+    for group in opt.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
