@@ -1,0 +1,85 @@
+"""Where an MQAR training step's GPU time goes: the zoology preset's model at one batch shape,
+ms per step eager and replayed as a CUDA graph (steady state, after capture), and the
+kernels with the most CUDA time in an eager step (torch.profiler).
+
+    python -m benchmarks.mqar_step_profile --out results/bench/mqar_step_profile_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+import numpy as np
+import torch
+
+from benchmarks.timing import save_record
+from harness.config import resolve_config
+from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw
+from tasks.common.model import MixerLM
+from tasks.mqar import MQAR
+from tasks.mqar_data import make_mqar
+
+
+def _ms_per_step(step, n: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def profile_mixer(mixer: str, d_model: int, batch: int, seq_len: int, pairs: int, top: int) -> dict:
+    cfg = resolve_config(MQAR, "zoology", None, [f"model.d_model={d_model}", "model.mixer.backend=torch"])
+    x, y = make_mqar(batch, seq_len, pairs, cfg.vocab_size, 0, cfg.power_a, cfg.random_non_queries)
+    tokens, labels = torch.from_numpy(x).long().cuda(), torch.from_numpy(y).long().cuda()
+    scored = int((labels != -100).sum())
+    torch.manual_seed(0)
+    model = MixerLM(mixer, cfg.vocab_size, cfg.model, max_positions=seq_len).cuda()
+    groups = [{"params": list(model.parameters()), "weight_decay": 0.1}]
+    opt = make_capturable_adamw(groups, 1e-3, (0.9, 0.999), torch.device("cuda"))
+    steps = GraphedSteps(model, opt, None)
+
+    def eager():
+        steps._eager(tokens, labels, scored)
+
+    for _ in range(3):
+        eager()
+    eager_ms = _ms_per_step(eager, 10)
+    steps.step(tokens, labels, scored)  # eager step + capture
+    graph_ms = _ms_per_step(lambda: steps.step(tokens, labels, scored), 30)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        eager()
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_device_time_total, reverse=True)
+    total_us = sum(e.self_device_time_total for e in events)
+    kernels = [{"name": e.key[:120], "calls": e.count, "cuda_us": e.self_device_time_total} for e in events[:top]]
+    return {"mixer": mixer, "d_model": d_model, "batch": batch, "seq_len": seq_len, "kv_pairs": pairs,
+            "eager_ms": eager_ms, "graph_ms": graph_ms, "eager_step_cuda_us": total_us,
+            "kernel_launches": int(sum(e.count for e in events)), "top_kernels": kernels}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results/bench/mqar_step_profile.json")
+    parser.add_argument("--mixers", default="gdn,softmax,deltanet,mesa")
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    record = {"what": __doc__.splitlines()[0], "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "python": platform.python_version(), "numpy": np.__version__,
+              "shapes": "batch 256: T 256 with 64 pairs (the longest training setting) and T 64 with 4",
+              "runs": []}
+    for mixer in args.mixers.split(","):
+        for seq_len, pairs in ((256, 64), (64, 4)):
+            record["runs"].append(profile_mixer(mixer, args.d_model, 256, seq_len, pairs, args.top))
+            save_record(record, args.out)
+            r = record["runs"][-1]
+            print(f"{mixer} T={seq_len}: eager {r['eager_ms']:.2f} ms, graph {r['graph_ms']:.2f} ms, "
+                  f"{r['kernel_launches']} launches, top {r['top_kernels'][0]['name'][:60]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
