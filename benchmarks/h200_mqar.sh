@@ -18,6 +18,8 @@ mkdir -p "$R/sweep"
 cp -r results/runs "$R/sweep/" 2>/dev/null
 ( while true; do sleep 20; tar czf "$OUT/records.tgz.tmp" -C "$R" . 2>/dev/null && mv "$OUT/records.tgz.tmp" "$OUT/records.tgz"; done ) &
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 15 >"$OUT/smi.csv" 2>&1 &
+# The device call lasts until every process it started exits: stop the two loops at the end.
+trap 'kill $(jobs -p) 2>/dev/null' EXIT
 h() { python3 -m harness.cli "$@"; }
 if [ "${TESTS:-1}" != 0 ]; then
     echo "== GPU tests of the graphed training step"

@@ -25,6 +25,7 @@ def run_rows(folder: Path) -> list[dict]:
         rows.append({
             "run_id": r.run_id, "mixer": r.mixer, "preset": r.preset, "d_model": r.config["model"]["d_model"],
             "backend": r.backend, "device": r.device, "train_steps": m["train_steps"],
+            "step_mode": ((r.details or {}).get("train_step") or {}).get("mode", "eager"),
             "steps_per_s": m["train_steps"] / m["train_time_s"],
             "outside_training_s": r.duration_s - m["train_time_s"] if r.duration_s else None,
         })
