@@ -121,7 +121,15 @@ def run_cmd(
             progress.advance(overall)
     _print_results(rows, task_cls)
     if failed:
-        raise fail(f"{failed} of {len(rows)} run(s) failed; see the records above", code=1)
+        kinds = sorted({rec.status for rec, _ in rows if rec.status != "ok"})
+        raise fail(f"{failed} of {len(rows)} run(s) {' or '.join(kinds)}; see the records above", code=1)
+
+
+def _status_markup(rec) -> str:
+    """ok (green), ok but at chance (yellow: the loss never left the chance level), diverged, failed."""
+    if rec.status == "ok":
+        return "[yellow]ok, at chance[/]" if rec.metrics.get("learned") == 0.0 else "[green]ok[/]"
+    return "[yellow]diverged[/]" if rec.status == "diverged" else "[red]failed[/]"
 
 
 def _print_results(rows, task_cls) -> None:
@@ -131,12 +139,15 @@ def _print_results(rows, task_cls) -> None:
         table.add_column(col)
     for rec, path in rows:
         values = [f"{rec.metrics[m]:.4g}" if m in rec.metrics else "–" for m in shown]
-        status = "[green]ok[/]" if rec.status == "ok" else "[red]failed[/]"
+        status = _status_markup(rec)
         table.add_row(rec.mixer, status, *values, rec.backend or "–", f"{rec.duration_s:.1f}", str(path))
     console.print(table)
     for rec, _ in rows:
         if rec.status != "ok":
             err_console.print(f"[red]{rec.mixer}:[/] {escape(rec.error or '')}")
+        elif rec.metrics.get("learned") == 0.0:
+            err_console.print(f"[yellow]{rec.mixer}:[/] final loss {rec.metrics['final_loss']:.3f} is at the chance "
+                              f"level ({rec.metrics['chance_loss']:.3f}): the model did not learn the task")
 
 
 @app.command("leaderboard")

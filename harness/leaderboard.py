@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.records import RunRecord, load_records
-from tasks.base import Task
+from tasks.base import Task, learned_metrics
 from tasks.registry import UnknownTaskError, get_task
 
 
@@ -39,6 +39,18 @@ def _task_meta(name: str) -> type[Task]:
         return get_task(name)
     except UnknownTaskError:
         return Task  # a task no longer registered: default ranking
+
+
+def _learned(record: RunRecord, task: type[Task]) -> float | None:
+    """The record's `learned`, or for a record written before it existed, derived the same way
+    from its final loss and config; None when neither is possible."""
+    if "learned" in record.metrics:
+        return record.metrics["learned"]
+    try:
+        config = task.Config(**record.config)
+    except Exception:  # noqa: BLE001 - an old record of a changed task: no verdict
+        return None
+    return learned_metrics(task, config, record.metrics).get("learned")
 
 
 def flatten_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -103,6 +115,7 @@ def build_boards(results: Path) -> tuple[list[Board], int]:
         for path, rec in ranked:
             board.rows.append({
                 "mixer": rec.mixer, **{c: rec.metrics.get(c) for c in columns}, "backend": rec.backend,
+                "learned": _learned(rec, task),
                 "config": _config_summary(rec, task), "runs": sum(1 for _, r in items if r.mixer == rec.mixer),
                 "record": str(path.relative_to(results)), "commit": (rec.git_commit or "")[:10],
             })
@@ -127,6 +140,7 @@ def to_markdown(boards: list[Board], count: int, results: Path) -> str:
         f"Derived only from the {count} run records under `{results}/runs` (`harness leaderboard` rebuilds it).",
         "Each table is one task setting on one device; a row is the best run of a mixer there,",
         "ranked by the first metric, with the config that got it (what differs from the preset).",
+        "\"(at chance)\": that run's final loss stayed within 10 % of the task's chance loss.",
         "",
     ]
     for b in boards:
@@ -136,7 +150,8 @@ def to_markdown(boards: list[Board], count: int, results: Path) -> str:
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "---|" * len(header))
         for row in b.rows:
-            cells = [row["mixer"], *(_fmt(row[c]) for c in b.columns), row["backend"] or "–", str(row["runs"]),
+            mixer = f"{row['mixer']} (at chance)" if row.get("learned") == 0.0 else row["mixer"]
+            cells = [mixer, *(_fmt(row[c]) for c in b.columns), row["backend"] or "–", str(row["runs"]),
                      row["config"], f"[json](runs/{row['record'].removeprefix('runs/')})"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")

@@ -41,7 +41,7 @@ class RunRecord(BaseModel):
     started: str
     finished: str
     duration_s: float
-    status: Literal["ok", "failed"]
+    status: Literal["ok", "failed", "diverged"]  # diverged: training became non-finite
     error: str | None = None
 
     def to_json(self) -> str:

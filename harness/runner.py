@@ -16,7 +16,7 @@ from harness.config import config_hash
 from harness.envinfo import device_name, git_commit, versions
 from harness.records import RunRecord, artifact_dir, write_record
 from harness.tracking import Tracker
-from tasks.base import NullProgress, Progress, RunContext, Task
+from tasks.base import NullProgress, Progress, RunContext, RunDiverged, Task, learned_metrics
 
 
 class DeviceError(ValueError):
@@ -58,7 +58,8 @@ def new_run_id(spec: RunSpec, chash: str) -> str:
 
 
 def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress | None = None) -> tuple[RunRecord, Path]:
-    """Run the task and write one record, ok or failed. KeyboardInterrupt writes nothing."""
+    """Run the task and write one record: ok, diverged (training became non-finite) or failed.
+    KeyboardInterrupt writes nothing."""
     config = spec.config.model_dump(mode="json")
     chash = config_hash(spec.mixer, spec.task.name, config, spec.seed)
     run_id = new_run_id(spec, chash)
@@ -80,9 +81,12 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
         result = spec.task().run(ctx)
         metrics, details, artifacts, backend = result.metrics, result.details, result.artifacts, result.backend
         status = "ok"
+        metrics = {**metrics, **learned_metrics(spec.task, spec.config, metrics)}
     except KeyboardInterrupt:
         tracker.finish({}, failed=True)
         raise
+    except RunDiverged as e:
+        status, error = "diverged", f"{type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 - any failure of a run becomes a failed record
         status = "failed"
         tail = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:])

@@ -15,7 +15,8 @@ tasks x presets x `vary` values x mixers x seeds, with fixed `set` overrides:
 The run key is the config hash of the record (harness.config.config_hash of mixer, task,
 resolved config and seed, as `harness run` writes it) plus the device type, so a record
 written by `harness run` with the same settings counts as done. Resume: a key that already
-has an ok record is skipped; a failed one is skipped unless retrying. A claim (an flock on
+has an ok record is skipped, and so is one that diverged (an outcome of its settings, which a
+rerun repeats); a failed one is skipped unless retrying. A claim (an flock on
 <results>/.sweep/locks/<key>.lock, held while the run is in flight) keeps two sweeps on one
 results directory from running the same key; the kernel drops it when its holder dies, so a
 killed sweep leaves no claim held. `run_sweep` is the driver.
@@ -219,7 +220,8 @@ def device_type_of(device: str) -> str:
 
 @dataclass(frozen=True)
 class KeyRecords:
-    """The records already written for one run key: paths of ok and of failed ones."""
+    """The records already written for one run key: paths of finished ones (ok or diverged)
+    and of failed ones."""
 
     ok: tuple[Path, ...] = ()
     failed: tuple[Path, ...] = ()
@@ -244,7 +246,7 @@ def key_records(results: Path, point: SweepPoint) -> KeyRecords:
             continue
         if data.get("config_hash") != point.config_hash or device_type_of(str(data.get("device", ""))) != point.device_type:
             continue
-        (ok if data.get("status") == "ok" else failed).append(path)
+        (ok if data.get("status") in ("ok", "diverged") else failed).append(path)
     return KeyRecords(tuple(ok), tuple(failed))
 
 

@@ -55,6 +55,14 @@ class RunContext:
     log: Callable[[dict[str, float], int | None], None] = lambda metrics, step=None: None
 
 
+class RunDiverged(RuntimeError):
+    """Training became non-finite: the run's record gets status "diverged", not "failed"."""
+
+
+# A trained run "learned" when its final loss is below this share of the task's chance loss.
+LEARNED_BELOW = 0.9
+
+
 @dataclass
 class TaskResult:
     """What a task returns: flat metrics, the backend that really ran, and extras.
@@ -93,5 +101,20 @@ class Task:
         The harness calls it before any run starts, so a mixer the task does not take is
         bad input (exit 2, no record), not a failed run. Default: every mixer is taken."""
 
+    @classmethod
+    def chance_loss(cls, config: TaskConfig) -> float | None:
+        """The cross-entropy of guessing uniformly among the answers `config` allows (nats),
+        for tasks that train and report `final_loss`; None for the others. The harness then
+        records `learned` (1.0 when final_loss < LEARNED_BELOW x chance_loss, else 0.0)."""
+        return None
+
     def run(self, ctx: RunContext) -> TaskResult:
         raise NotImplementedError
+
+
+def learned_metrics(task: type[Task], config: TaskConfig, metrics: dict[str, float]) -> dict[str, float]:
+    """chance_loss and learned (1.0 / 0.0) for a task that trains; {} for the others."""
+    chance = task.chance_loss(config)
+    if chance is None or "final_loss" not in metrics:
+        return {}
+    return {"chance_loss": chance, "learned": float(metrics["final_loss"] < LEARNED_BELOW * chance)}

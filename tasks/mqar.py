@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Literal
 
 import numpy as np
@@ -143,6 +145,12 @@ class MQAR(Task):
         },
         "zoology": ZOOLOGY_PRESET,
     }
+
+    @classmethod
+    def chance_loss(cls, config: MQARConfig) -> float:
+        """Uniform over the values (the upper half of the vocabulary): knowing an answer is a
+        value, not which one."""
+        return math.log(config.vocab_size - config.vocab_size // 2)
 
     def run(self, ctx: RunContext) -> TaskResult:
         cfg: MQARConfig = ctx.config

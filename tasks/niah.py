@@ -7,6 +7,8 @@ longer context than seen in training is a fair test of the mixer's recall."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from pydantic import Field, model_validator
@@ -116,6 +118,11 @@ class NIAH(Task):
             "optim": {"epochs": 4, "batch_size": 64, "lr": 3e-3, "cuda_graph": "auto"},
         },
     }
+
+    @classmethod
+    def chance_loss(cls, config: NIAHConfig) -> float:
+        """Uniform over the value tokens: knowing an answer is a value, not which one."""
+        return math.log(config.num_values)
 
     def run(self, ctx: RunContext) -> TaskResult:
         cfg: NIAHConfig = ctx.config

@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tasks.base import RunContext
+from tasks.base import RunContext, RunDiverged
 from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw, set_lr
 from tasks.common.model import MixerLM
 
@@ -55,8 +55,8 @@ class TrainConfig(BaseModel):
         return v
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
+class TrainingDiverged(RunDiverged):
+    """The loss or the weights became NaN or infinite."""
 
 
 @dataclass

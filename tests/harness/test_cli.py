@@ -89,11 +89,12 @@ def test_tiny_run_records_leaderboard_and_wandb(tmp_path):
     assert "softmax" in md and "linear" in md and "mqar" in md
 
 
-def test_failed_run_writes_failed_record(tmp_path):
+def test_diverging_run_writes_diverged_record(tmp_path):
     res = tmp_path / "res"
-    # a learning rate this large makes the loss non-finite: the run fails, the record says why
+    # a learning rate this large makes the loss non-finite: the run diverges, the record says so
     out = runner.invoke(app, ["run", "--mixer", "linear", "--task", "mqar", "--preset", "tiny", "--device", "cpu",
                               "--set", "optim.lr=1e30", "--set", "optim.grad_clip=1e30", "--results", str(res), "--no-wandb"])
     assert out.exit_code == 1, out.output
     (rec,) = [json.loads(p.read_text()) for p in _records(res)]
-    assert rec["status"] == "failed" and rec["error"]
+    assert rec["status"] == "diverged" and "TrainingDiverged" in rec["error"]
+    assert "1 of 1 run(s) diverged" in out.output

@@ -226,18 +226,19 @@ def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     ]})
     plan, res = expand(sweep, "cpu"), tmp_path / "res"
     summary = run_sweep(plan, InProcessExecutor("cpu", wandb=False), res)
-    assert [o.status for _, o in summary.ran] == ["failed", "failed", "failed", "ok"]
+    assert [o.status for _, o in summary.ran] == ["diverged", "failed", "failed", "ok"]
     errors = [o.error for _, o in summary.ran]
     assert "nan" in errors[0].lower() and "bogus" in errors[1] and "OutOfMemoryError" in errors[2]
     assert len(_records(res)) == 4 and len(summary.failed) == 3
 
+    # A diverged run is an outcome of its settings: done, not retried.
     again = run_sweep(plan, InProcessExecutor("cpu", wandb=False), res)
-    assert again.ran == [] and again.done_before == 1 and len(again.failed_before) == 3
+    assert again.ran == [] and again.done_before == 2 and len(again.failed_before) == 2
     monkeypatch.setattr(get_task("mqar"), "run", mqar_run)  # the memory is back
     retry = run_sweep(plan, InProcessExecutor("cpu", wandb=False), res, retry_failed=True)
-    assert [o.status for _, o in retry.ran] == ["failed", "failed", "ok"]
+    assert [o.status for _, o in retry.ran] == ["failed", "ok"]
     recs = _records(res)
-    assert len(recs) == 7 and sum(r["status"] == "ok" for r in recs) == 2
+    assert len(recs) == 6 and sum(r["status"] == "ok" for r in recs) == 2
 
 
 def test_worker_that_dies_mid_run_gets_a_failed_record(tmp_path, nap):

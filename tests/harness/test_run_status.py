@@ -1,0 +1,89 @@
+"""Record statuses that say what happened: diverged for a non-finite run, and `learned`
+for a trained run whose loss never left the chance level."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness.config import resolve_config
+from harness.leaderboard import build_boards, to_markdown
+from harness.records import load_records
+from harness.runner import RunSpec, execute
+from harness.tracking import Tracker
+from tasks import get_task
+from tasks.base import LEARNED_BELOW, TaskResult, learned_metrics
+from tasks.common.training import TrainingDiverged
+
+
+def _spec(task_name="mqar", mixer="linear", sets=()):
+    task = get_task(task_name)
+    return RunSpec(mixer, task, "tiny", resolve_config(task, "tiny", None, list(sets)), torch.device("cpu"), 0)
+
+
+def test_a_diverging_run_is_recorded_as_diverged(tmp_path, monkeypatch):
+    spec = _spec()
+
+    def diverge(self, ctx):
+        raise TrainingDiverged("loss became nan at step 7 (epoch 0); try a lower lr")
+
+    monkeypatch.setattr(spec.task, "run", diverge)
+    record, path = execute(spec, tmp_path, Tracker(enabled=False))
+    assert record.status == "diverged" and "step 7" in record.error
+    assert [r.status for _, r in load_records(tmp_path)] == ["diverged"]
+
+
+def test_other_errors_stay_failed(tmp_path, monkeypatch):
+    spec = _spec()
+    monkeypatch.setattr(spec.task, "run", lambda self, ctx: (_ for _ in ()).throw(RuntimeError("boom")))
+    record, _ = execute(spec, tmp_path, Tracker(enabled=False))
+    assert record.status == "failed" and "boom" in record.error
+
+
+@pytest.mark.parametrize("task_name, chance", [("mqar", math.log(64)), ("niah", math.log(32))])
+def test_chance_loss_is_uniform_over_the_answers(task_name, chance):
+    spec = _spec(task_name)  # tiny presets: MQAR vocabulary 128 (64 values), NIAH 32 values
+    assert spec.task.chance_loss(spec.config) == pytest.approx(chance)
+
+
+def test_learned_compares_the_final_loss_with_chance():
+    spec = _spec()
+    chance = spec.task.chance_loss(spec.config)
+    at_chance = learned_metrics(spec.task, spec.config, {"final_loss": 0.99 * chance})
+    assert at_chance == {"chance_loss": chance, "learned": 0.0}
+    assert learned_metrics(spec.task, spec.config, {"final_loss": (LEARNED_BELOW - 0.01) * chance})["learned"] == 1.0
+    assert learned_metrics(spec.task, spec.config, {"accuracy": 1.0}) == {}
+    assert learned_metrics(get_task("throughput"), _spec("throughput").config, {"final_loss": 1.0}) == {}
+
+
+def test_a_run_at_chance_is_flagged_in_its_record_and_the_leaderboard(tmp_path, monkeypatch):
+    spec = _spec()
+    chance = spec.task.chance_loss(spec.config)
+    monkeypatch.setattr(spec.task, "run", lambda self, ctx: TaskResult({"accuracy": 0.01, "final_loss": chance}, "torch"))
+    record, _ = execute(spec, tmp_path, Tracker(enabled=False))
+    assert record.status == "ok" and record.metrics["learned"] == 0.0
+    boards, count = build_boards(tmp_path)
+    assert "| linear (at chance) |" in to_markdown(boards, count, tmp_path)
+
+
+def test_a_real_tiny_run_records_learned(tmp_path):
+    record, _ = execute(_spec(), tmp_path, Tracker(enabled=False))
+    assert record.status == "ok" and record.metrics["learned"] in (0.0, 1.0)
+    assert record.metrics["chance_loss"] == pytest.approx(math.log(64))
+
+
+def test_the_leaderboard_flags_an_old_record_at_chance_from_its_loss(tmp_path, monkeypatch):
+    """Records written before `learned` existed are judged from final_loss and their config."""
+    spec = _spec()
+    chance = spec.task.chance_loss(spec.config)
+    monkeypatch.setattr(spec.task, "run", lambda self, ctx: TaskResult({"accuracy": 0.01, "final_loss": chance}, "torch"))
+    _, path = execute(spec, tmp_path, Tracker(enabled=False))
+    import json
+
+    data = json.loads(path.read_text())
+    del data["metrics"]["learned"], data["metrics"]["chance_loss"]
+    path.write_text(json.dumps(data))
+    boards, count = build_boards(tmp_path)
+    assert "| linear (at chance) |" in to_markdown(boards, count, tmp_path)
