@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -157,6 +158,8 @@ def leaderboard_cmd(
     """Tables of the best run per mixer and task setting, from the records; writes LEADERBOARD.md."""
     from harness.leaderboard import build_boards, to_markdown
 
+    if not Path(results).is_dir():
+        raise fail(f"--results {results} is not a directory (records live under <results>/runs)")
     boards, count = build_boards(results)
     for b in boards:
         table = Table(title=b.title)
@@ -189,7 +192,21 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _show_record_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Skipped records print as one plain warning line each; other warnings as Python prints them."""
+    from harness.records import UnreadableRecordWarning
+
+    if issubclass(category, UnreadableRecordWarning):
+        err_console.print(f"[yellow]warning:[/] {escape(str(message))}")
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
 def main() -> None:
+    warnings.showwarning = _show_record_warning
     app()
 
 

@@ -15,11 +15,12 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from harness.records import RunRecord
+from harness.records import RunRecord, UnreadableRecordWarning
 
 LOWER, HIGHER = "lower", "higher"
 
@@ -86,8 +87,13 @@ def load_side(path: Path) -> Side:
     for f in files:
         try:
             rec = RunRecord.model_validate_json(f.read_text())
-        except (ValueError, OSError):
-            continue  # artifacts and other JSON files
+        except (ValueError, OSError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if f == path:
+                raise CompareError(f"{path} is not a readable run record ({reason})") from None
+            if f.parent.parent.name == "runs":  # where records live: say so; artifacts pass quietly
+                warnings.warn(f"skipped {f}: not a readable run record ({reason})", UnreadableRecordWarning, stacklevel=2)
+            continue
         side.count += 1
         book = side.ok if rec.status == "ok" else side.failed
         key = run_key(rec)

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from mixers import get_mixer
+from mixers.base import layer_widths
 from tasks.base import Task
 
 
@@ -152,13 +153,19 @@ def validate_mixer_options(mixer: str, config: BaseModel) -> None:
         if not isinstance(options, dict):
             continue
         try:
-            get_mixer(mixer).Config(**options)
+            mixer_config = get_mixer(mixer).Config(**options)
         except ValidationError as e:
             problems = "; ".join(
                 f"{where}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
                 for err in e.errors()
             )
             raise ConfigError(f"invalid options for mixer {mixer!r}: {problems}") from None
+        d_model = getattr(model if where != "mixer" else config, "d_model", None)
+        if isinstance(d_model, int):
+            try:
+                layer_widths(d_model, mixer_config)
+            except ValueError as e:
+                raise ConfigError(f"invalid options for mixer {mixer!r} ({where}): {e}") from None
 
 
 def config_hash(mixer: str, task: str, config: dict[str, Any], seed: int) -> str:

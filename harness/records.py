@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -86,13 +87,21 @@ def write_record(results: Path, record: RunRecord) -> Path:
     return path
 
 
+class UnreadableRecordWarning(UserWarning):
+    """A file under runs/ that is not a valid run record (torn, hand-edited, another schema)."""
+
+
 def load_records(results: Path) -> Iterator[tuple[Path, RunRecord]]:
-    """Every valid record under <results>/runs, with its path (unreadable files are skipped)."""
+    """Every valid record under <results>/runs, with its path. An unreadable file is skipped
+    with an UnreadableRecordWarning naming it and why (commands print it to stderr)."""
     root = runs_dir(results)
     if not root.exists():
         return
     for path in sorted(root.glob("*/*.json")):
         try:
-            yield path, RunRecord.model_validate_json(path.read_text())
-        except (ValueError, OSError):
+            record = RunRecord.model_validate_json(path.read_text())
+        except (ValueError, OSError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            warnings.warn(f"skipped {path}: not a readable run record ({reason})", UnreadableRecordWarning, stacklevel=2)
             continue
+        yield path, record

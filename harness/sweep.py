@@ -201,6 +201,10 @@ def expand(
     for name in only_tasks or []:
         if not any(name in b.tasks for b in sweep.grid):
             errors.append(f"--task {name}: not a task of this sweep (its tasks: {', '.join(sorted({t for b in sweep.grid for t in b.tasks}))})")
+    sweep_mixers = sorted({m for b in sweep.grid for m in (b.mixers if b.mixers is not None else sweep.mixers)})
+    for name in only_mixers or []:
+        if name not in sweep_mixers:
+            errors.append(f"--mixer {name}: not a mixer of this sweep (its mixers: {', '.join(sweep_mixers)})")
     if errors:
         unique = list(dict.fromkeys(errors))
         raise SweepError(f"{len(unique)} problem(s) in the sweep, nothing was run:\n  " + "\n  ".join(unique))

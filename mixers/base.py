@@ -89,6 +89,28 @@ def conv_tail(pre: torch.Tensor, width: int) -> torch.Tensor:
     return tail
 
 
+def layer_widths(d_model: int, config: MixerConfig) -> tuple[int, int]:
+    """(head_dim, value_dim) of a layer of width d_model; ValueError naming the options when the
+    heads do not split the key width evenly or a width is not a whole number >= 1."""
+    if config.head_dim is None:
+        key_width = d_model * config.expand_k
+        if key_width != int(key_width) or int(key_width) % config.num_heads:
+            valid = [h for h in range(1, int(key_width) + 1) if key_width == int(key_width) and int(key_width) % h == 0]
+            raise ValueError(
+                f"num_heads={config.num_heads} does not split the key width expand_k * d_model = {key_width:g} "
+                f"(d_model={d_model}, expand_k={config.expand_k:g}) evenly; valid num_heads: "
+                f"{', '.join(map(str, valid)) or 'none'}, or set head_dim")
+        head_dim = int(key_width) // config.num_heads
+    else:
+        head_dim = config.head_dim
+    value_dim = round(head_dim * config.expand_v)
+    if value_dim < 1 or value_dim != head_dim * config.expand_v:
+        raise ValueError(
+            f"expand_v={config.expand_v} with head_dim={head_dim} gives a value width of "
+            f"{head_dim * config.expand_v}; it must be a whole number >= 1")
+    return head_dim, value_dim
+
+
 class Mixer(nn.Module):
     """Base class of every registered mixer.
 
@@ -106,15 +128,7 @@ class Mixer(nn.Module):
         self.d_model = d_model
         self.config = config
         self.num_heads = config.num_heads
-        self.head_dim = config.head_dim or int(d_model * config.expand_k) // config.num_heads
-        if self.head_dim < 1:
-            raise ValueError(f"head_dim = expand_k * d_model // num_heads is 0 for d_model={d_model}, "
-                             f"expand_k={config.expand_k}, num_heads={config.num_heads}")
-        self.value_dim = round(self.head_dim * config.expand_v)
-        if self.value_dim < 1 or self.value_dim != self.head_dim * config.expand_v:
-            raise ValueError(
-                f"expand_v={config.expand_v} with head_dim={self.head_dim} gives a value width of "
-                f"{self.head_dim * config.expand_v}; it must be a whole number >= 1")
+        self.head_dim, self.value_dim = layer_widths(d_model, config)
         self.backend_used: str | None = None
 
     @classmethod

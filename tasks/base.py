@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 class TaskConfig(BaseModel):
     """Base of every task's config: unknown keys are errors, not silently ignored."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf or nan is never a valid setting
 
 
 class Progress(Protocol):

@@ -21,7 +21,7 @@ class ModelConfig(BaseModel):
     front of the mixer, tied embeddings, N(0, 0.02) init (and, as its older configs did,
     learned positions for attention)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf or nan is never a valid setting
 
     d_model: int = Field(64, ge=8, description="residual width")
     n_layers: int = Field(2, ge=1, description="number of blocks")

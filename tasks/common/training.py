@@ -27,7 +27,7 @@ class TrainConfig(BaseModel):
     matrices only, linear warm-up then cosine decay per step, gradient clipping at 1.0.
     Zoology's recipe is betas (0.9, 0.999), decay_all, schedule "epoch_cosine", no clipping."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf or nan is never a valid setting
 
     epochs: int = Field(8, ge=1)
     batch_size: int = Field(64, ge=1)

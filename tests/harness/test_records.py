@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from harness.records import SCHEMA, RunRecord, load_records, write_record
+from harness.records import SCHEMA, RunRecord, UnreadableRecordWarning, load_records, write_record
 
 
 def make_record(**over):
@@ -56,10 +56,26 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
     assert files == ["keep.json"], "no temp file and no half record left behind"
 
 
-def test_torn_file_is_skipped(tmp_path):
+def test_torn_file_is_skipped_with_a_warning_naming_it(tmp_path):
     write_record(tmp_path, make_record(run_id="good"))
     (tmp_path / "runs" / "mqar" / "torn.json").write_text('{"schema": "harness.run/1", "run_')
-    assert [r.run_id for _, r in load_records(tmp_path)] == ["good"]
+    with pytest.warns(UnreadableRecordWarning, match=r"skipped .*torn\.json: not a readable run record"):
+        assert [r.run_id for _, r in load_records(tmp_path)] == ["good"]
+
+
+def test_leaderboard_warns_about_an_unreadable_record_and_refuses_a_missing_folder(tmp_path):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    write_record(tmp_path, make_record(run_id="good"))
+    (tmp_path / "runs" / "mqar" / "torn.json").write_text("{")
+    with pytest.warns(UnreadableRecordWarning, match="torn.json"):
+        out = CliRunner().invoke(app, ["leaderboard", "--results", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    missing = CliRunner().invoke(app, ["leaderboard", "--results", str(tmp_path / "nosuch")])
+    assert missing.exit_code == 2 and "is not a directory" in missing.output
+    assert not (tmp_path / "nosuch").exists()
 
 
 def test_commit_is_taken_when_the_run_starts(tmp_path, monkeypatch):
@@ -76,3 +92,15 @@ def test_commit_is_taken_when_the_run_starts(tmp_path, monkeypatch):
     spec = RunSpec("linear", task, "tiny", resolve_config(task, "tiny", None, []), torch.device("cpu"), 0)
     record, _ = execute(spec, tmp_path, Tracker(enabled=False))
     assert record.git_commit == "aaaaaaa"
+
+
+def test_compare_names_a_corrupt_record_file_and_warns_about_one_in_a_folder(tmp_path):
+    from harness.compare import CompareError, load_side
+
+    write_record(tmp_path, make_record(run_id="good"))
+    torn = tmp_path / "runs" / "mqar" / "torn.json"
+    torn.write_text("{")
+    with pytest.raises(CompareError, match=r"torn\.json is not a readable run record"):
+        load_side(torn)
+    with pytest.warns(UnreadableRecordWarning, match="torn.json"):
+        assert load_side(tmp_path).count == 1

@@ -87,3 +87,31 @@ def test_the_leaderboard_flags_an_old_record_at_chance_from_its_loss(tmp_path, m
     path.write_text(json.dumps(data))
     boards, count = build_boards(tmp_path)
     assert "| linear (at chance) |" in to_markdown(boards, count, tmp_path)
+
+
+def test_heads_that_do_not_split_the_width_are_refused_before_the_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    from mixers.base import MixerConfig, layer_widths
+
+    assert layer_widths(32, MixerConfig(num_heads=4)) == (8, 8)
+    assert layer_widths(32, MixerConfig(num_heads=3, head_dim=10)) == (10, 10)  # explicit widths are the user's
+    with pytest.raises(ValueError, match="valid num_heads: 1, 2, 4, 8, 16, 32"):
+        layer_widths(32, MixerConfig(num_heads=3))
+    out = CliRunner().invoke(app, ["run", "--mixer", "gdn", "--task", "mqar", "--preset", "tiny", "--no-wandb",
+                                   "--set", "model.mixer.num_heads=3", "--results", str(tmp_path)])
+    assert out.exit_code == 2 and "does not split the key width" in " ".join(out.output.split())
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("value", [".inf", "1e99999", ".nan"])
+def test_non_finite_numbers_are_refused_before_the_run(tmp_path, value):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    out = CliRunner().invoke(app, ["run", "--mixer", "gdn", "--task", "mqar", "--preset", "tiny", "--no-wandb",
+                                   "--set", f"optim.lr={value}", "--results", str(tmp_path)])
+    assert out.exit_code == 2 and "optim.lr" in out.output
+    assert not (tmp_path / "runs").exists()

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 import tasks.registry
 from harness.config import config_hash, resolve_config
 from harness.executors import InProcessExecutor, WorkerPoolExecutor
-from harness.sweep import SweepFile, expand, load_sweep, run_sweep
+from harness.sweep import SweepError, SweepFile, expand, load_sweep, run_sweep
 from harness.sweep_cli import compare_cmd, sweep_cmd
 from tasks import get_task
 
@@ -105,6 +105,8 @@ def test_grid_expansion_and_stable_keys(tmp_path):
     assert {q.config["optim"]["lr"] for q in plan.points} == {1e-3, 3e-3}
     only = expand(sweep, "cpu", only_mixers=["gdn"])
     assert {q.mixer for q in only.points} == {"gdn"} and len(only.points) == 4
+    with pytest.raises(SweepError, match=r"--mixer nosuch: not a mixer of this sweep \(its mixers: gdn, softmax\)"):
+        expand(sweep, "cpu", only_mixers=["nosuch"])
 
 
 def test_invalid_grid_exits_2_and_runs_nothing(tmp_path):
