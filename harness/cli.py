@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -106,8 +107,9 @@ def run_cmd(
         cfg = resolve_config(task_cls, preset, config, set_ or [])
         for name in names:
             check_task_takes(task_cls, name)
-            validate_mixer_options(name, cfg)
-    except (UnknownMixerError, UnknownTaskError, DeviceError, ConfigError) as e:
+            validate_mixer_options(name, cfg, dev.type)
+        _prepare(results)
+    except (UnknownMixerError, UnknownTaskError, DeviceError, ConfigError, ValueError) as e:
         raise fail(str(e)) from None
 
     tracker = Tracker(enabled=not no_wandb)
@@ -124,6 +126,15 @@ def run_cmd(
     if failed:
         kinds = sorted({rec.status for rec, _ in rows if rec.status != "ok"})
         raise fail(f"{failed} of {len(rows)} run(s) {' or '.join(kinds)}; see the records above", code=1)
+
+
+def _prepare(results: Path) -> None:
+    """The results folder takes records (ValueError if not); orphan temp records are cleaned."""
+    from harness.records import prepare_results
+
+    removed = prepare_results(results)
+    if removed:
+        err_console.print(f"[yellow]warning:[/] removed {removed} temp file(s) left by record writes that were killed")
 
 
 def _status_markup(rec) -> str:
@@ -205,8 +216,13 @@ def _show_record_warning(message, category, filename, lineno, file=None, line=No
 _python_showwarning = warnings.showwarning
 
 
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops a run or a sweep as Ctrl-C does: nothing half-written
+
+
 def main() -> None:
     warnings.showwarning = _show_record_warning
+    signal.signal(signal.SIGTERM, _terminate)
     app()
 
 

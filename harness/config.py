@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from kernels import resolve_backend
 from mixers import get_mixer
 from mixers.base import layer_widths
 from tasks.base import Task
@@ -141,8 +142,9 @@ def check_task_takes(task_cls: type, mixer: str) -> None:
         raise ConfigError(str(e)) from None
 
 
-def validate_mixer_options(mixer: str, config: BaseModel) -> None:
-    """Check the task's mixer options against the mixer's own Config.
+def validate_mixer_options(mixer: str, config: BaseModel, device: str | None = None) -> None:
+    """Check the task's mixer options against the mixer's own Config, the layer widths against
+    d_model, and (given the device type, "cpu" or "cuda") that a requested backend runs there.
 
     Tasks keep them in `model.mixer` (the recall tasks' LM) or a top-level `mixer` dict
     (the efficiency tasks' single layer)."""
@@ -160,6 +162,12 @@ def validate_mixer_options(mixer: str, config: BaseModel) -> None:
                 for err in e.errors()
             )
             raise ConfigError(f"invalid options for mixer {mixer!r}: {problems}") from None
+        backend = getattr(mixer_config, "backend", "auto")
+        if device is not None and backend != "auto":
+            try:
+                resolve_backend(get_mixer(mixer).op_name, backend, device)
+            except ValueError as e:
+                raise ConfigError(f"invalid options for mixer {mixer!r} ({where}.backend): {e}") from None
         d_model = getattr(model if where != "mixer" else config, "d_model", None)
         if isinstance(d_model, int):
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -85,6 +86,35 @@ def write_record(results: Path, record: RunRecord) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+ORPHAN_AGE_S = 60.0  # a record's temp file lives milliseconds; one this old lost its writer
+
+
+def prepare_results(results: Path) -> int:
+    """Make sure `results` can take records before anything runs, and delete the temp files of
+    record writes that were killed mid-write. Returns how many were deleted.
+
+    Raises ValueError naming the path when it is a file or cannot be created."""
+    results = Path(results)
+    if results.exists() and not results.is_dir():
+        raise ValueError(f"--results {results} is a file; give a directory (records go to <results>/runs)")
+    try:
+        runs_dir(results).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--results {results}: cannot create {runs_dir(results)} ({e.strerror})") from None
+    if not os.access(runs_dir(results), os.W_OK):
+        raise ValueError(f"--results {results}: {runs_dir(results)} is not writable")
+    removed = 0
+    now = time.time()
+    for tmp in runs_dir(results).glob("*/.*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > ORPHAN_AGE_S:
+                tmp.unlink()
+                removed += 1
+        except OSError:
+            continue  # another process renamed or removed it meanwhile
+    return removed
 
 
 class UnreadableRecordWarning(UserWarning):

@@ -191,7 +191,7 @@ def expand(
                 for mixer in mixers:
                     try:
                         check_task_takes(task, mixer)
-                        validate_mixer_options(mixer, cfg)
+                        validate_mixer_options(mixer, cfg, device_type)
                     except ConfigError as e:
                         errors.append(f"{where} (task {task_name}, preset {preset}, mixer {mixer}): {e}")
                         continue

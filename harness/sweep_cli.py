@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from harness.records import prepare_results
 from harness.sweep import Plan, SweepEvents, SweepPoint, SweepSummary, key_records
 
 console = Console()
@@ -166,6 +167,12 @@ def sweep_cmd(
     if dry_run:
         _print_plan(plan, results)
         return
+    try:
+        removed = prepare_results(results)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    if removed:
+        console.print(f"[yellow]warning:[/] removed {removed} temp file(s) left by record writes that were killed")
     try:
         runner = make_executor(executor, sweep.device, results, wandb=not no_wandb, address=address, runs_per_gpu=runs_per_gpu)
     except (ExecutorError, DeviceError) as e:

@@ -52,7 +52,7 @@ def test_ray_executor_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))  # inherited by the local Ray's workers
     smoke = expand(load_sweep(SMOKE), "cpu")
     broken = expand(SweepFile(mixers=["gdn"], grid=[{"tasks": ["mqar"], "presets": ["tiny"],
-                                                      "set": {"model.mixer.backend": "bogus"}}]), "cpu")
+                                                      "set": {"optim.lr": 1.0e30}}]), "cpu")  # diverges
     smoke.points += broken.points
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must stay under 107 bytes
     res = tmp_path / "res"
@@ -66,8 +66,8 @@ def test_ray_executor_on_cpu(tmp_path, monkeypatch):
             executor.close()
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert sorted(o.status for _, o in summary.ran) == ["failed", "ok", "ok"]
-    assert again.ran == [] and again.done_before == 2 and len(again.failed_before) == 1
+    assert sorted(o.status for _, o in summary.ran) == ["diverged", "ok", "ok"]
+    assert again.ran == [] and again.done_before == 3 and len(again.failed_before) == 0
     recs = [json.loads(p.read_text()) for p in sorted((res / "runs").glob("*/*.json"))]
     assert sorted(f"{r['config_hash']}-cpu" for r in recs) == sorted(p.key for p in smoke.points)
     for r in recs:  # the records the in-process executor writes, written back here by the driver
@@ -75,4 +75,4 @@ def test_ray_executor_on_cpu(tmp_path, monkeypatch):
         if r["status"] == "ok":
             assert r["backend"] == "torch" and 0 <= r["metrics"]["accuracy"] <= 1
         else:
-            assert "bogus" in r["error"]
+            assert r["status"] == "diverged" and "TrainingDiverged" in r["error"]

@@ -104,3 +104,52 @@ def test_compare_names_a_corrupt_record_file_and_warns_about_one_in_a_folder(tmp
         load_side(torn)
     with pytest.warns(UnreadableRecordWarning, match="torn.json"):
         assert load_side(tmp_path).count == 1
+
+
+def test_prepare_results_refuses_a_file_and_cleans_orphan_temp_records(tmp_path):
+    from harness.records import ORPHAN_AGE_S, prepare_results
+
+    a_file = tmp_path / "notadir"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match="is a file; give a directory"):
+        prepare_results(a_file)
+    write_record(tmp_path, make_record(run_id="good"))
+    old = tmp_path / "runs" / "mqar" / ".r0.abc.tmp"
+    fresh = tmp_path / "runs" / "mqar" / ".r1.def.tmp"
+    old.write_text("{")
+    fresh.write_text("{")
+    stale = old.stat().st_mtime - 2 * ORPHAN_AGE_S
+    os.utime(old, (stale, stale))
+    assert prepare_results(tmp_path) == 1
+    assert not old.exists() and fresh.exists(), "a temp file being written right now is left alone"
+    assert [r.run_id for _, r in load_records(tmp_path)] == ["good"]
+
+
+def test_run_with_results_pointing_at_a_file_exits_2_before_training(tmp_path):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    a_file = tmp_path / "results.json"
+    a_file.write_text("{}")
+    out = CliRunner().invoke(app, ["run", "--mixer", "linear", "--task", "mqar", "--preset", "tiny", "--no-wandb",
+                                   "--results", str(a_file)])
+    assert out.exit_code == 2 and "is a file" in out.output
+
+
+def test_sigterm_stops_a_run_like_ctrl_c(tmp_path):
+    """`harness` under SIGTERM: exit 130 with the interrupt message, no record, no temp file."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "WANDB_MODE": "disabled", "HARNESS_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-c", "from harness.cli import main; main()", "run", "--mixer", "gdn", "--task", "mqar",
+           "--preset", "default", "--no-wandb", "--device", "cpu", "--results", str(tmp_path / "res")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in err, err[-2000:]
+    assert not list((tmp_path / "res" / "runs").rglob("*.json")) and not list((tmp_path / "res").rglob("*.tmp"))

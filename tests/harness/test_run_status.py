@@ -115,3 +115,15 @@ def test_non_finite_numbers_are_refused_before_the_run(tmp_path, value):
                                    "--set", f"optim.lr={value}", "--results", str(tmp_path)])
     assert out.exit_code == 2 and "optim.lr" in out.output
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("backend, why", [("magic", "is not valid"), ("flash_attn", "cannot run on cpu")])
+def test_a_backend_that_cannot_run_here_is_refused_before_the_run(tmp_path, backend, why):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    out = CliRunner().invoke(app, ["run", "--mixer", "softmax", "--task", "mqar", "--preset", "tiny", "--no-wandb",
+                                   "--device", "cpu", "--set", f"model.mixer.backend={backend}", "--results", str(tmp_path)])
+    assert out.exit_code == 2 and why in " ".join(out.output.split())
+    assert not (tmp_path / "runs").exists()
