@@ -37,21 +37,32 @@ def check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tup
         raise ValueError(
             f"{op}: v must be [B, T, H, V] with B, T, H as in q {_shape(q)}, got v {_shape(v)}"
         )
-    if q.shape[1] == 0:
-        raise ValueError(f"{op}: T must be at least 1, got q {_shape(q)}")
+    if min(q.shape) == 0 or v.shape[-1] == 0:
+        raise ValueError(f"{op}: every dimension must be at least 1 (B, T, H, K, V), got q {_shape(q)} and v {_shape(v)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{op}: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"{op}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     B, T, H, K = q.shape
     return B, T, H, K, v.shape[-1]
 
 
-def check_gate(op: str, g: torch.Tensor, B: int, T: int, H: int, K: int, allow_vector: bool) -> bool:
-    """Check a log-space gate g <= 0 of shape [B, T, H] (or [B, T, H, K] when allowed).
+def _float_on(op: str, name: str, t: torch.Tensor, device: torch.device | None) -> None:
+    """t holds floats and (when device is given) lives on the inputs' device."""
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{op}: {name} has dtype {t.dtype}; valid: float16, bfloat16, float32, float64")
+    if device is not None and t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device} but q, k, v are on {device}; put them on one device")
 
-    Returns True for a vector gate."""
+
+def check_gate(op: str, g: torch.Tensor, B: int, T: int, H: int, K: int, allow_vector: bool,
+               device: torch.device | None = None) -> bool:
+    """Check a log-space gate g <= 0 of shape [B, T, H] (or [B, T, H, K] when allowed), floating,
+    on `device` when given. Returns True for a vector gate."""
     valid = f"[{B}, {T}, {H}]" + (f" or [{B}, {T}, {H}, {K}]" if allow_vector else "")
     if not isinstance(g, torch.Tensor):
         raise ValueError(f"{op}: g must be a torch.Tensor of shape {valid}, got {type(g).__name__}")
+    _float_on(op, "g", g, device)
     if tuple(g.shape) == (B, T, H):
         vector = False
     elif allow_vector and tuple(g.shape) == (B, T, H, K):
@@ -70,11 +81,12 @@ def check_gate(op: str, g: torch.Tensor, B: int, T: int, H: int, K: int, allow_v
     return vector
 
 
-def check_beta(op: str, beta: torch.Tensor, B: int, T: int, H: int) -> None:
-    """Check beta: [B, T, H] with values in (0, 1]."""
+def check_beta(op: str, beta: torch.Tensor, B: int, T: int, H: int, device: torch.device | None = None) -> None:
+    """Check beta: [B, T, H], floating, on `device` when given, with values in (0, 1]."""
     if not isinstance(beta, torch.Tensor) or tuple(beta.shape) != (B, T, H):
         got = _shape(beta) if isinstance(beta, torch.Tensor) else type(beta).__name__
         raise ValueError(f"{op}: beta must have shape [{B}, {T}, {H}], got {got}")
+    _float_on(op, "beta", beta, device)
     if graph_capturing(beta):
         return
     with torch.no_grad():
@@ -83,13 +95,15 @@ def check_beta(op: str, beta: torch.Tensor, B: int, T: int, H: int) -> None:
         raise ValueError(f"{op}: beta must lie in (0, 1], got values in [{bmin}, {bmax}]")
 
 
-def check_state(op: str, name: str, state: torch.Tensor | None, shape: tuple[int, ...]) -> None:
-    """Check an optional state tensor against its expected shape."""
+def check_state(op: str, name: str, state: torch.Tensor | None, shape: tuple[int, ...],
+                device: torch.device | None = None) -> None:
+    """Check an optional state tensor: its expected shape, floating, on `device` when given."""
     if state is None:
         return
     if not isinstance(state, torch.Tensor) or tuple(state.shape) != tuple(shape):
         got = _shape(state) if isinstance(state, torch.Tensor) else type(state).__name__
         raise ValueError(f"{op}: {name} must have shape [{', '.join(map(str, shape))}], got {got}")
+    _float_on(op, name, state, device)
 
 
 def default_scale(op: str, scale: float | None, K: int) -> float:

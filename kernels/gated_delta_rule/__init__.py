@@ -44,9 +44,9 @@ def gated_delta_rule(
     """
     op = "gated_delta_rule"
     B, T, H, K, V = check_qkv(op, q, k, v)
-    check_gate(op, g, B, T, H, K, allow_vector=False)
-    check_beta(op, beta, B, T, H)
-    check_state(op, "initial_state", initial_state, (B, H, K, V))
+    check_gate(op, g, B, T, H, K, allow_vector=False, device=q.device)
+    check_beta(op, beta, B, T, H, device=q.device)
+    check_state(op, "initial_state", initial_state, (B, H, K, V), device=q.device)
     check_chunk_size(op, chunk_size)
     scale = default_scale(op, scale, K)
     backend = resolve_backend(op, backend, q.device)

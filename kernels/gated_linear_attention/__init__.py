@@ -45,8 +45,8 @@ def gated_linear_attention(
     (fp32; fp64 for fp64 inputs), else None.
     """
     B, T, H, K, V = check_qkv(OP, q, k, v)
-    check_gate(OP, g, B, T, H, K, allow_vector=True)
-    check_state(OP, "initial_state", initial_state, (B, H, K, V))
+    check_gate(OP, g, B, T, H, K, allow_vector=True, device=q.device)
+    check_state(OP, "initial_state", initial_state, (B, H, K, V), device=q.device)
     scale = default_scale(OP, scale, K)
     check_chunk_size(OP, chunk_size)
     backend = resolve_backend(OP, backend, q.device)

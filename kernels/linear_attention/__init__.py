@@ -36,7 +36,7 @@ def linear_attention(
     state [B, H, K, V] (fp32; fp64 for fp64 inputs), else None.
     """
     B, T, H, K, V = check_qkv(OP, q, k, v)
-    check_state(OP, "initial_state", initial_state, (B, H, K, V))
+    check_state(OP, "initial_state", initial_state, (B, H, K, V), device=q.device)
     scale = default_scale(OP, scale, K)
     check_chunk_size(OP, chunk_size)
     backend = resolve_backend(OP, backend, q.device)

@@ -57,8 +57,8 @@ def mesa(
     """
     op = "mesa"
     B, T, H, K, V = check_qkv(op, q, k, v)
-    check_gate(op, g, B, T, H, K, allow_vector=False)
-    check_beta(op, beta, B, T, H)
+    check_gate(op, g, B, T, H, K, allow_vector=False, device=q.device)
+    check_beta(op, beta, B, T, H, device=q.device)
     _check_lamb(op, "lamb", lamb, H, K)
     initial_state = _check_mesa_state(op, "initial_state", initial_state, B, H, K, V)
     scale = default_scale(op, scale, K)
