@@ -25,6 +25,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from harness import __version__
+
+        console.print(f"harness {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="print the harness version and exit")) -> None:
+    """Benchmark and evaluate sequence mixers."""
+
+
 def fail(message: str, code: int = 2) -> "typer.Exit":
     err_console.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(code)

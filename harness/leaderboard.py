@@ -118,6 +118,7 @@ def build_boards(results: Path) -> tuple[list[Board], int]:
                 "learned": _learned(rec, task),
                 "config": _config_summary(rec, task), "runs": sum(1 for _, r in items if r.mixer == rec.mixer),
                 "record": str(path.relative_to(results)), "commit": (rec.git_commit or "")[:10],
+                "date": rec.finished[:10],
             })
         boards.append(board)
     return boards, count
@@ -146,13 +147,13 @@ def to_markdown(boards: list[Board], count: int, results: Path) -> str:
     for b in boards:
         arrow = "higher is better" if b.higher_is_better else "lower is better"
         lines += [f"## {b.title}", "", f"Ranked by `{b.metric}` ({arrow}).", ""]
-        header = ["mixer", *b.columns, "backend", "runs", "config", "record"]
+        header = ["mixer", *b.columns, "backend", "runs", "config", "date", "commit", "record"]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "---|" * len(header))
         for row in b.rows:
             mixer = f"{row['mixer']} (at chance)" if row.get("learned") == 0.0 else row["mixer"]
             cells = [mixer, *(_fmt(row[c]) for c in b.columns), row["backend"] or "–", str(row["runs"]),
-                     row["config"], f"[json](runs/{row['record'].removeprefix('runs/')})"]
+                     row["config"], row["date"], row["commit"] or "–", f"[json](runs/{row['record'].removeprefix('runs/')})"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     if not boards:

@@ -127,3 +127,26 @@ def test_a_backend_that_cannot_run_here_is_refused_before_the_run(tmp_path, back
                                    "--device", "cpu", "--set", f"model.mixer.backend={backend}", "--results", str(tmp_path)])
     assert out.exit_code == 2 and why in " ".join(out.output.split())
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_leaderboard_has_date_and_commit_columns(tmp_path, monkeypatch):
+    import harness.runner as runner_module
+
+    monkeypatch.setattr(runner_module, "git_commit", lambda: "0123456789abcdef")
+    execute(_spec(), tmp_path, Tracker(enabled=False))
+    boards, count = build_boards(tmp_path)
+    md = to_markdown(boards, count, tmp_path)
+    header = next(line for line in md.splitlines() if line.startswith("| mixer"))
+    assert "| date | commit |" in header
+    row = next(line for line in md.splitlines() if line.startswith("| linear"))
+    assert "| 0123456789 |" in row and f"| {load_records(tmp_path).__next__()[1].finished[:10]} |" in row
+
+
+def test_python_dash_m_harness_prints_the_version():
+    import subprocess
+    import sys
+
+    from harness import __version__
+
+    out = subprocess.run([sys.executable, "-m", "harness", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"harness {__version__}"
