@@ -14,7 +14,7 @@ import typer
 
 def eval_cmd(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c",
-                                    help="checkpoint file, a folder holding checkpoint.pt, or the run record (.json) that saved it"),
+                                    help="checkpoint folder (config.json + model.safetensors), a folder holding one, or the run record (.json) that saved it"),
     tasks: str = typer.Option(..., "--tasks", help="lm-eval task names, comma-separated: harness_mqar, harness_mqar_gen, "
                               "harness_niah, harness_cloze, harness_corpus_ppl, or lm-eval's own"),
     limit: Optional[int] = typer.Option(None, "--limit", help="documents per task (default: all)"),

@@ -197,6 +197,14 @@ class MixerLM(nn.Module):
             targets = labels.reshape(-1).index_select(0, where)
         return F.cross_entropy(logits.float(), targets), logits.argmax(-1), targets
 
+    @classmethod
+    def from_pretrained(cls, path: str, device: torch.device | str = "cpu") -> MixerLM:
+        """The model of a checkpoint folder (config.json + model.safetensors, as save_checkpoint
+        writes it; a legacy checkpoint.pt too), in eval mode on `device`."""
+        from tasks.common.checkpoint import load_checkpoint  # the checkpoint module builds on this one
+
+        return load_checkpoint(path, device).model
+
     def backends(self) -> list[str]:
         """The op backend each mixer layer really ran (after a forward)."""
         return [b.mixer.backend_used for b in self.blocks if not isinstance(b.mixer, BaseConv)]

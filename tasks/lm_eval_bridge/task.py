@@ -31,7 +31,7 @@ ACCURACY_METRICS = ("acc", "exact_match", "exact_match_first_number")
 
 
 class LMEvalConfig(TaskConfig):
-    checkpoint: str = Field(description="checkpoint file, a folder holding checkpoint.pt, or the run record (.json) that saved it")
+    checkpoint: str = Field(description="checkpoint folder (config.json + model.safetensors), a folder holding one, or the run record (.json) that saved it")
     tasks: list[str] = Field(default_factory=lambda: ["harness_mqar"], min_length=1,
                              description=f"lm-eval task names: ours ({', '.join(BRIDGE_TASKS)}) or lm-eval's")
     limit: int | None = Field(None, ge=1, description="documents per task (None: all)")

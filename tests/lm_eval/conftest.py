@@ -36,7 +36,7 @@ def small_model(mixer: str, vocab_size: int, seed: int = 0) -> MixerLM:
 @pytest.fixture(scope="session")
 def byte_checkpoint(tmp_path_factory):
     """An untrained byte-level gdn model saved as an `lm` checkpoint (max_length 64)."""
-    path = tmp_path_factory.mktemp("byte_ckpt") / "checkpoint.pt"
+    path = tmp_path_factory.mktemp("byte_ckpt") / "checkpoint"
     meta = {"task": "lm", "task_config": {"corpus": None, "val_fraction": 0.05}, "seed": 0, "max_length": 64}
     return save_checkpoint(path, small_model("gdn", ByteTokenizer.vocab_size), ByteTokenizer().info(), meta)
 
@@ -44,7 +44,7 @@ def byte_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def ids_checkpoint(tmp_path_factory):
     """An untrained softmax model over 40 token ids."""
-    path = tmp_path_factory.mktemp("ids_ckpt") / "checkpoint.pt"
+    path = tmp_path_factory.mktemp("ids_ckpt") / "checkpoint"
     return save_checkpoint(path, small_model("softmax", 40, seed=1), IdTokenizer(40).info(), {"task": "none", "max_length": 64})
 
 

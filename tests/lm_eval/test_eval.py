@@ -41,7 +41,7 @@ def mqar_checkpoint(tmp_path_factory):
     model = MixerLM("gdn", cfg.vocab_size, cfg.model)
     train(model, [(x, y)], cfg.optim, RunContext("gdn", cfg, torch.device("cpu"), 0, tmp_path_factory.mktemp("art")))
     meta = {"task": "mqar", "task_config": cfg.model_dump(mode="json"), "seed": 0, "max_length": 32}
-    path = tmp_path_factory.mktemp("mqar_ckpt") / "checkpoint.pt"
+    path = tmp_path_factory.mktemp("mqar_ckpt") / "checkpoint"
     return save_checkpoint(path, model.eval(), IdTokenizer(cfg.vocab_size).info(), meta), cfg
 
 

@@ -83,7 +83,7 @@ def test_windows_cover_the_stream():
 
 def test_checkpoint_roundtrip(tmp_path):
     model = small_model("deltanet", 60)
-    path = save_checkpoint(tmp_path / "run" / "checkpoint.pt", model, IdTokenizer(60).info(), {"task": "mqar", "seed": 3})
+    path = save_checkpoint(tmp_path / "run" / "checkpoint", model, IdTokenizer(60).info(), {"task": "mqar", "seed": 3})
     (tmp_path / "run.json").write_text("{}")
     for where in (path, tmp_path / "run", tmp_path / "run.json"):
         ckpt = load_checkpoint(where)

@@ -23,7 +23,7 @@ def test_lm_task_trains_scores_and_saves(tmp_path):
     assert m["perplexity"] == pytest.approx(math.exp(m["val_loss"]))
     assert m["bits_per_byte"] == pytest.approx(m["val_loss"] / math.log(2))
     assert m["perplexity"] < 257 and m["train_steps"] == 2 and m["val_tokens"] > 0
-    assert result.backend == "torch" and result.artifacts == ["checkpoint.pt"]
+    assert result.backend == "torch" and result.artifacts == ["checkpoint"]
     assert result.details["documents"]["validation"] > 0 and result.details["corpus"] == [str(corpus)]
     assert isinstance(result.details["sample"]["continuation"], str)
 
