@@ -142,7 +142,9 @@ class NIAH(Task):
             for vi, variant in enumerate(cfg.variants):
                 block = self._test_block(cfg, variant, length, ctx.seed)
                 batch = max(1, cfg.eval_tokens // length)
-                correct = predict(model, torch.from_numpy(block.inputs), torch.from_numpy(block.labels), batch, ctx.device)
+                # torch.tensor copies: cached blocks are read-only arrays, which from_numpy would share
+                inputs, labels = torch.tensor(block.inputs), torch.tensor(block.labels)
+                correct = predict(model, inputs, labels, batch, ctx.device)
                 ok = answer_correct(correct.numpy(), block.answer_ids, variant.num_answers)
                 bucket = np.abs(block.answer_depths[..., None] - depths).argmin(-1)
                 np.add.at(hits[li, vi], bucket.ravel(), ok.ravel())
