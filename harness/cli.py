@@ -104,7 +104,7 @@ def run_cmd(
     no_wandb: bool = typer.Option(False, "--no-wandb", help="do not log to wandb"),
 ) -> None:
     """Run a task for one or more mixers; writes one record per (mixer, task)."""
-    from harness.config import ConfigError, check_task_takes, resolve_config, validate_mixer_options
+    from harness.config import ConfigError, check_task_config, check_task_takes, resolve_config, validate_mixer_options
     from harness.runner import DeviceError, RunSpec, execute, resolve_device
     from harness.tracking import Tracker
     from mixers import UnknownMixerError, get_mixer
@@ -119,6 +119,7 @@ def run_cmd(
             get_mixer(name)
         dev = resolve_device(device)
         cfg = resolve_config(task_cls, preset, config, set_ or [])
+        check_task_config(task_cls, cfg, dev.type)
         for name in names:
             check_task_takes(task_cls, name)
             validate_mixer_options(name, cfg, dev.type)

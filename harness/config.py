@@ -142,6 +142,14 @@ def check_task_takes(task_cls: type, mixer: str) -> None:
         raise ConfigError(str(e)) from None
 
 
+def check_task_config(task_cls: type, config: BaseModel, device_type: str) -> None:
+    """ConfigError when the task says its config cannot run on this device (Task.check_config)."""
+    try:
+        task_cls.check_config(config, device_type)
+    except ValueError as e:
+        raise ConfigError(f"invalid config for task {task_cls.name!r}: {e}") from None
+
+
 def validate_mixer_options(mixer: str, config: BaseModel, device: str | None = None) -> None:
     """Check the task's mixer options against the mixer's own Config, the layer widths against
     d_model, and (given the device type, "cpu" or "cuda") that a requested backend runs there.

@@ -38,7 +38,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from harness.config import ConfigError, check_task_takes, config_hash, resolve_config, validate_mixer_options
+from harness.config import (
+    ConfigError,
+    check_task_config,
+    check_task_takes,
+    config_hash,
+    resolve_config,
+    validate_mixer_options,
+)
 from harness.executors import Executor, Job, Outcome
 from harness.records import runs_dir
 
@@ -184,6 +191,11 @@ def expand(
                 overrides = tuple(fixed.items()) + tuple((k, v) for (k, _), v in zip(axes, combo))
                 try:
                     cfg = resolve_config(task, preset, None, [_set_item(k, v) for k, v in overrides])
+                except ConfigError as e:
+                    errors.append(f"{where} (task {task_name}, preset {preset}): {e}")
+                    continue
+                try:
+                    check_task_config(task, cfg, device_type)
                 except ConfigError as e:
                     errors.append(f"{where} (task {task_name}, preset {preset}): {e}")
                     continue

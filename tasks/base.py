@@ -102,6 +102,12 @@ class Task:
         bad input (exit 2, no record), not a failed run. Default: every mixer is taken."""
 
     @classmethod
+    def check_config(cls, config: TaskConfig, device_type: str) -> None:
+        """Raise ValueError (what is wrong, what is valid) when `config` cannot run on a device of
+        `device_type` ("cpu" or "cuda"): missing paths, options the device lacks. The harness
+        calls it before any run starts (exit 2, no record). Default: nothing to check."""
+
+    @classmethod
     def chance_loss(cls, config: TaskConfig) -> float | None:
         """The cross-entropy of guessing uniformly among the answers `config` allows (nats),
         for tasks that train and report `final_loss`; None for the others. The harness then

@@ -19,7 +19,7 @@ from tasks.base import RunContext, Task, TaskConfig, TaskResult
 from tasks.common.checkpoint import CHECKPOINT_FILE, save_checkpoint
 from tasks.common.decoding import greedy_decode
 from tasks.common.model import MixerLM, ModelConfig
-from tasks.common.training import TrainConfig, train
+from tasks.common.training import TrainConfig, train, uses_cuda_graph
 from tasks.lm_data import ByteTokenizer, corpus_files, load_documents, split_documents, token_stream, windows
 from tasks.registry import register_task
 
@@ -60,6 +60,11 @@ class LM(Task):
         # GPU: a wider, deeper model on longer windows (give a bigger corpus with --set corpus=PATH).
         "gpu": {"seq_len": 512, "model": _model(512, 4, 4), "optim": {"epochs": 10, "batch_size": 64, "lr": 1e-3}},
     }
+
+    @classmethod
+    def check_config(cls, config: LMConfig, device_type: str) -> None:
+        corpus_files(config.corpus)  # a missing corpus or an empty folder, named
+        uses_cuda_graph(config.optim, torch.device(device_type))
 
     def run(self, ctx: RunContext) -> TaskResult:
         cfg: LMConfig = ctx.config

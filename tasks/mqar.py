@@ -147,6 +147,10 @@ class MQAR(Task):
     }
 
     @classmethod
+    def check_config(cls, config: MQARConfig, device_type: str) -> None:
+        uses_cuda_graph(config.optim, torch.device(device_type))
+
+    @classmethod
     def chance_loss(cls, config: MQARConfig) -> float:
         """Uniform over the values (the upper half of the vocabulary): knowing an answer is a
         value, not which one."""
@@ -154,7 +158,6 @@ class MQAR(Task):
 
     def run(self, ctx: RunContext) -> TaskResult:
         cfg: MQARConfig = ctx.config
-        uses_cuda_graph(cfg.optim, ctx.device)  # a bad step mode fails before the data is built
         if cfg.batching == "per_setting":
             train_blocks = self._blocks(cfg, cfg.train, ctx.seed, split=0)
         else:

@@ -120,13 +120,16 @@ class NIAH(Task):
     }
 
     @classmethod
+    def check_config(cls, config: NIAHConfig, device_type: str) -> None:
+        uses_cuda_graph(config.optim, torch.device(device_type))
+
+    @classmethod
     def chance_loss(cls, config: NIAHConfig) -> float:
         """Uniform over the value tokens: knowing an answer is a value, not which one."""
         return math.log(config.num_values)
 
     def run(self, ctx: RunContext) -> TaskResult:
         cfg: NIAHConfig = ctx.config
-        uses_cuda_graph(cfg.optim, ctx.device)  # a bad step mode fails before the data is built
         train_x, train_y = self._train_data(cfg, ctx.seed)
         torch.manual_seed(ctx.seed)
         longest = max(cfg.train_len, *cfg.test_lengths)

@@ -30,6 +30,15 @@ class LayerTaskConfig(TaskConfig):
             raise ValueError(f"seq_lens must be a non-empty list of lengths >= 1, got {v}")
         return sorted(set(v))
 
+    @field_validator("mixer", "softmax")
+    @classmethod
+    def _sizes_are_task_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted({"num_heads", "head_dim"} & set(v))
+        if clash:
+            raise ValueError(f"{clash} are task fields here (the layer's sizes): set them at the top level, "
+                             f"e.g. --set num_heads=4, not inside mixer/softmax")
+        return v
+
     @property
     def width(self) -> int:
         """d_model of the layer: d_model, or num_heads * head_dim when unset."""

@@ -150,3 +150,29 @@ def test_python_dash_m_harness_prints_the_version():
 
     out = subprocess.run([sys.executable, "-m", "harness", "--version"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == f"harness {__version__}"
+
+
+@pytest.mark.parametrize("task, setting, why", [
+    ("lm", "corpus=/no/such/corpus", "is neither a file nor a folder"),
+    ("mqar", "optim.cuda_graph=true", "cuda_graph=true needs a CUDA device"),
+    ("niah", "optim.cuda_graph=true", "cuda_graph=true needs a CUDA device"),
+    ("throughput", "mixer.num_heads=7", "are task fields here"),
+    ("memory", "softmax.head_dim=7", "are task fields here"),
+])
+def test_task_settings_that_cannot_run_are_refused_before_the_run(tmp_path, task, setting, why):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    out = CliRunner().invoke(app, ["run", "--mixer", "gdn", "--task", task, "--preset", "tiny", "--no-wandb",
+                                   "--device", "cpu", "--set", setting, "--results", str(tmp_path)])
+    assert out.exit_code == 2 and why in " ".join(out.output.split()), out.output
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_a_sweep_point_that_cannot_run_is_refused_with_the_whole_grid():
+    from harness.sweep import SweepError, SweepFile, expand
+
+    sweep = SweepFile(mixers=["gdn"], presets=["tiny"], grid=[{"tasks": ["lm"], "set": {"corpus": "/no/such/corpus"}}])
+    with pytest.raises(SweepError, match="is neither a file nor a folder"):
+        expand(sweep, "cpu")
