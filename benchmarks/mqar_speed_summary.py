@@ -52,7 +52,8 @@ def main() -> None:
         print(f"alone  {row['mixer']:8s} d={row['d_model']} {row['train_steps']:.0f} steps {row['steps_per_s']:.1f}/s, "
               f"{row['outside_training_s']:.1f} s outside training")
     for wave in waves:
-        print(f"packed {wave['records']}: {wave['runs']} runs, {wave['steps_per_s_min']:.1f}-{wave['steps_per_s_max']:.1f}/s each, "
+        rates = f"{wave['steps_per_s_min']:.1f}-{wave['steps_per_s_max']:.1f}/s each"
+        print(f"packed {wave['records']}: {wave['runs']} runs, {rates}, "
               f"{wave['steps_per_s_sum']:.0f}/s together")
 
 

@@ -14,7 +14,8 @@ import typer
 
 def eval_cmd(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c",
-                                    help="checkpoint folder (config.json + model.safetensors), a folder holding one, or the run record (.json) that saved it"),
+                                    help="checkpoint folder (config.json + model.safetensors), a folder holding "
+                                    "one, or the run record (.json) that saved it"),
     tasks: str = typer.Option(..., "--tasks", help="lm-eval task names, comma-separated: harness_mqar, harness_mqar_gen, "
                               "harness_niah, harness_cloze, harness_corpus_ppl, or lm-eval's own"),
     limit: Optional[int] = typer.Option(None, "--limit", help="documents per task (default: all)"),
@@ -50,7 +51,8 @@ def eval_cmd(
                            batch_size=batch_size, max_length=max_length)
         validate_mixer_options(mixer, cfg)
     except ValidationError as e:
-        raise fail("; ".join(f"--{'.'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" for err in e.errors())) from None
+        problems = (f"--{'.'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" for err in e.errors())
+        raise fail("; ".join(problems)) from None
     except (ValueError, DeviceError, ConfigError) as e:
         raise fail(str(e)) from None
 

@@ -212,7 +212,8 @@ def expand(
                         points.append(SweepPoint(mixer, task_name, preset, seed, overrides, config, chash, device_type))
     for name in only_tasks or []:
         if not any(name in b.tasks for b in sweep.grid):
-            errors.append(f"--task {name}: not a task of this sweep (its tasks: {', '.join(sorted({t for b in sweep.grid for t in b.tasks}))})")
+            tasks = ", ".join(sorted({t for b in sweep.grid for t in b.tasks}))
+            errors.append(f"--task {name}: not a task of this sweep (its tasks: {tasks})")
     sweep_mixers = sorted({m for b in sweep.grid for m in (b.mixers if b.mixers is not None else sweep.mixers)})
     for name in only_mixers or []:
         if name not in sweep_mixers:
@@ -343,7 +344,8 @@ class SweepSummary:
 
 
 def _job(point: SweepPoint, results: Path) -> Job:
-    return Job(point.config_hash, point.mixer, point.task, point.preset, point.config, point.seed, point.device_type, str(results))
+    return Job(point.config_hash, point.mixer, point.task, point.preset, point.config, point.seed, point.device_type,
+               str(results))
 
 
 def run_sweep(

@@ -139,9 +139,12 @@ def _print_summary(summary: SweepSummary, results: Path) -> None:
 def sweep_cmd(
     file: Path = typer.Argument(..., help="sweep file (YAML): the grid of mixers x tasks x presets x values x seeds"),
     results: Path = typer.Option(Path("results"), "--results", help="results directory"),
-    executor: str = typer.Option("inprocess", "--executor", help="inprocess (here, one run at a time), gpus (a worker per local GPU) or ray"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (with --executor ray; default: a local Ray)"),
-    runs_per_gpu: int = typer.Option(1, "--runs-per-gpu", help="with --executor gpus: worker processes per GPU (N >= 1; small models leave a GPU idle with one)"),
+    executor: str = typer.Option("inprocess", "--executor",
+                                 help="inprocess (here, one run at a time), gpus (a worker per local GPU) or ray"),
+    address: Optional[str] = typer.Option(None, "--address",
+                                          help="Ray cluster address (with --executor ray; default: a local Ray)"),
+    runs_per_gpu: int = typer.Option(1, "--runs-per-gpu", help="with --executor gpus: worker processes per GPU "
+                                     "(N >= 1; small models leave a GPU idle with one)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the expanded grid and the state of each run; run nothing"),
     no_wandb: bool = typer.Option(False, "--no-wandb", help="do not log to wandb"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="rerun runs whose only records are failed ones"),
@@ -201,7 +204,8 @@ def compare_cmd(
     base: Path = typer.Argument(..., help="baseline: a results directory (or any folder of records) or a record file"),
     new: Path = typer.Argument(..., help="the new results, same forms as BASE"),
     threshold: str = typer.Option("5%", "--threshold", help="a change worse than this fails (e.g. 5% or 0.05)"),
-    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="metric name pattern shown but not gated (glob; repeatable)"),
+    ignore: Optional[list[str]] = typer.Option(None, "--ignore",
+                                               help="metric name pattern shown but not gated (glob; repeatable)"),
     changed_only: bool = typer.Option(False, "--changed-only", help="show only rows beyond the threshold"),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the table as Markdown to this file"),
 ) -> None:

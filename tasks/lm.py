@@ -70,7 +70,8 @@ class LM(Task):
         cfg: LMConfig = ctx.config
         tok = ByteTokenizer()
         train_docs, val_docs = split_documents(load_documents(cfg.corpus), cfg.val_fraction)
-        train_x, train_y = (torch.from_numpy(a) for a in windows(token_stream(train_docs, tok), cfg.seq_len, cfg.max_train_windows))
+        train_windows = windows(token_stream(train_docs, tok), cfg.seq_len, cfg.max_train_windows)
+        train_x, train_y = (torch.from_numpy(a) for a in train_windows)
         val_x, val_y = (torch.from_numpy(a) for a in windows(token_stream(val_docs, tok), cfg.seq_len, cfg.max_val_windows))
         val_y = val_y.masked_fill(val_y == tok.bos_id, -100)  # per-byte perplexity: document ends are not scored
 

@@ -86,7 +86,8 @@ class IdTokenizer:
                 )
             value = int(word)
             if value >= self.vocab_size:
-                raise ValueError(f"token id {value} in {_preview(text)!r} is outside this model's vocabulary [0, {self.vocab_size})")
+                raise ValueError(
+                    f"token id {value} in {_preview(text)!r} is outside this model's vocabulary [0, {self.vocab_size})")
             ids.append(value)
         return ids
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from typing import Literal
 
 import numpy as np
@@ -199,13 +198,15 @@ class MQAR(Task):
             artifacts.append(CHECKPOINT_FILE)
         details = {
             "by_setting": by_setting, "state_size_at": longest_test, "stop_reason": stats.stop_reason,
-            "eval_curve": stats.eval_curve, "train_step": step_details(stats), "headline": "accuracy is the mean over test settings (Zoology); "
+            "eval_curve": stats.eval_curve, "train_step": step_details(stats),
+            "headline": "accuracy is the mean over test settings (Zoology); "
             "accuracy_pooled counts every scored query once",
         }
         return TaskResult(metrics=metrics, backend=",".join(backends), details=details, artifacts=artifacts)
 
     @classmethod
-    def _blocks(cls, cfg: MQARConfig, settings: list[MQARSetting], seed: int, split: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _blocks(cls, cfg: MQARConfig, settings: list[MQARSetting], seed: int,
+                split: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One unpadded (inputs, labels) block per setting (for per-setting batches)."""
         return [cls._data(cfg, [s], seed, split, index=i) for i, s in enumerate(settings)]
 

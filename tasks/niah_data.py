@@ -39,7 +39,8 @@ class NIAHVariant(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[a-z0-9_]+$", description="label in metrics and plots")
-    haystack: Literal["repeat", "random"] = Field("random", description="repeat: a fixed pattern (passkey); random: random filler")
+    haystack: Literal["repeat", "random"] = Field(
+        "random", description="repeat: a fixed pattern (passkey); random: random filler")
     keys: int = Field(1, ge=1, description="keys that have needles (queried ones plus distractors)")
     values_per_key: int = Field(1, ge=1, description="needles per key; all values of a queried key are scored")
     queries: int = Field(1, ge=1, description="keys queried at the end")

@@ -40,7 +40,8 @@ def mqar_figures(groups: list[tuple[tuple, list[Item]]]) -> list[Figure]:
         hover = ("d_model=%{customdata[1]}<br>accuracy %{customdata[2]:.3f}<br>state %{customdata[3]:,.0f} floats"
                  "<br>lr %{customdata[4]}")
         for kind, x_of, xaxis in (
-            ("d_model", lambda d, it: d, axis("model width d_model", log=True, tickvals=widths, ticktext=[str(w) for w in widths])),
+            ("d_model", lambda d, it: d,
+             axis("model width d_model", log=True, tickvals=widths, ticktext=[str(w) for w in widths])),
             ("state", lambda d, it: it.rec.metrics.get("state_size"), axis("decode state (floats per sequence)", log=True)),
         ):
             data = []
@@ -65,7 +66,8 @@ def mqar_figures(groups: list[tuple[tuple, list[Item]]]) -> list[Figure]:
             lay = layout(title, xaxis, axis("accuracy", range=[0, 1.05]), subtitle=sub)
             note = ("Best run per (mixer, d_model) over the other settings (learning rate, ...). "
                     if kind == "d_model" else
-                    "The recall-memory trade-off: more state buys recall; softmax's state is its KV cache at the longest test length. ")
+                    "The recall-memory trade-off: more state buys recall; "
+                    "softmax's state is its KV cache at the longest test length. ")
             note += "Click a point to open its record."
             figures.append(Figure(f"mqar-{kind}-{n}", f"{title} · {sub}", data, lay, sources, note))
     return figures
@@ -130,7 +132,8 @@ def _heatmap(fig_id: str, mixer: str, preset: str, train_len: Any, it: Item) -> 
     lay = layout(title, axis("needle depth", type="category"), axis("context length", type="category"), height=400,
                  subtitle=f"preset {preset} · trained at length {train_len} · {it.rec.device}")
     if len(views) > 1:
-        lay["updatemenus"] = view_menu([lab for lab, _ in views], [[j == i for j in range(len(views))] for i in range(len(views))])
+        shown = [[j == i for j in range(len(views))] for i in range(len(views))]
+        lay["updatemenus"] = view_menu([lab for lab, _ in views], shown)
     return Figure(fig_id, title, data, lay, [it], "Accuracy by context length x needle depth; pick a variant in the menu.")
 
 
@@ -151,10 +154,12 @@ def fidelity_figures(groups: list[tuple[tuple, list[Item]]]) -> list[Figure]:
                     if std == "trained":
                         rows = [r for r in it.rec.details.get("trained", []) if r["op"] == op]
                         layers = sorted({r["layer"] for r in rows})
-                        series = [(f"{op} · layer {layer}", [r for r in rows if r["layer"] == layer], "solid" if layer == 0 else "dot")
+                        series = [(f"{op} · layer {layer}", [r for r in rows if r["layer"] == layer],
+                                   "solid" if layer == 0 else "dot")
                                   for layer in layers]
                     else:
-                        series = [(op, [g for g in it.rec.details["gaussian"] if g["op"] == op and g["logit_std"] == std], "solid")]
+                        points = [g for g in it.rec.details["gaussian"] if g["op"] == op and g["logit_std"] == std]
+                        series = [(op, points, "solid")]
                     for name, rows, dash in series:
                         rows = sorted(rows, key=lambda r: r["seq_len"])
                         if not rows:
@@ -204,4 +209,5 @@ def _swap_bars(n: int, preset: str, sources: list[Item]) -> Figure:
     title = "MQAR accuracy with softmax swapped for each op"
     lay = layout(title, axis("attention op in the trained model", type="category"), axis("accuracy", range=[0, 1.05]),
                  subtitle=f"preset {preset} · same weights, no retraining", showlegend=False)
-    return Figure(f"fidelity-swap-{n}", title, data, lay, sources, "No retraining: the trained softmax model's weights, another op.")
+    return Figure(f"fidelity-swap-{n}", title, data, lay, sources,
+                  "No retraining: the trained softmax model's weights, another op.")

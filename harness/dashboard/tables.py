@@ -93,7 +93,8 @@ def filter_bar(items: Iterable[Item]) -> str:
     selects = []
     for k, vals in values.items():
         opts = "".join(f'<option value="{_attr(v)}">{escape(v)}</option>' for v in sorted(vals))
-        selects.append(f'<label>{k} <select id="filter-{k}" data-field="{k}"><option value="">all</option>{opts}</select></label>')
+        selects.append(f'<label>{k} <select id="filter-{k}" data-field="{k}">'
+                       f'<option value="">all</option>{opts}</select></label>')
     return f'<div class="filters" id="filters">{"".join(selects)}<span id="filter-count"></span></div>'
 
 

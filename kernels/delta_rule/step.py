@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_state, default_scale
+from kernels.common.checks import check_state, check_step_beta, check_step_qkv, default_scale
 from kernels.common.dispatch import resolve_step_backend
-from kernels.common.checks import check_step_beta, check_step_qkv
 from kernels.gated_delta_rule.step import gdn_update
 
 

@@ -28,7 +28,13 @@ import triton.language as tl
 
 from kernels.common.triton.utils import new_buffer, warps
 from kernels.gated_delta_rule.triton_tiles import (
-    anticausal_decay, causal_decay, load_gamma, load_tile, load_tile_t, store_tile, store_vec,
+    anticausal_decay,
+    causal_decay,
+    load_gamma,
+    load_tile,
+    load_tile_t,
+    store_tile,
+    store_vec,
 )
 from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, pow2
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_qkv, check_state, default_scale
+from kernels.common.checks import check_qkv, check_state, check_step_qkv, default_scale
 from kernels.common.chunking import check_chunk_size
 from kernels.common.dispatch import resolve_backend, resolve_step_backend
 from kernels.linear_attention.chunked import linear_attention_chunked
 from kernels.linear_attention.reference import linear_attention_reference
-from kernels.common.checks import check_step_qkv
 from kernels.linear_attention.step import linear_attention_step_unchecked
 
 OP = "linear_attention"

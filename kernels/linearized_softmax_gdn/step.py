@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import default_scale
-from kernels.common.checks import check_step_qkv
+from kernels.common.checks import check_step_qkv, default_scale
 from kernels.linearized_softmax_gdn.state import LinGDNState, check_lin_state, is_empty
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_qkv, default_scale
+from kernels.common.checks import check_qkv, check_step_qkv, default_scale
 from kernels.common.dispatch import resolve_backend
-from kernels.common.checks import check_step_qkv
 from kernels.softmax_attention.cache import KVCache, check_kv_cache
 from kernels.softmax_attention.reference import softmax_attention_reference
 from kernels.softmax_attention.sdpa import softmax_attention_sdpa

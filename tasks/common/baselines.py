@@ -21,7 +21,8 @@ from tasks.common.workloads import OpInputs, describe, op_inputs
 
 SOFTMAX_BACKENDS = ("flash_attn", "flash_attn_cute", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math")
 _SDPA = {
-    "sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH",
+    "sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_math": "MATH",
 }
 
 

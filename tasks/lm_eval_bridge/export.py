@@ -161,7 +161,8 @@ _TASKS: dict[str, tuple[Callable[[DataSources], list[dict]], dict[str, Any], tup
     "harness_corpus_ppl": (_corpus_docs, {
         "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "text",
         "metric_list": [_metric("word_perplexity", "weighted_perplexity", False),
-                        _metric("byte_perplexity", "weighted_perplexity", False), _metric("bits_per_byte", "bits_per_byte", False)],
+                        _metric("byte_perplexity", "weighted_perplexity", False),
+                        _metric("bits_per_byte", "bits_per_byte", False)],
     }, ("corpus", "val_fraction", "max_corpus_docs")),
 }
 BRIDGE_TASKS = tuple(_TASKS)

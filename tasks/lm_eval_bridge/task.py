@@ -31,7 +31,8 @@ ACCURACY_METRICS = ("acc", "exact_match", "exact_match_first_number")
 
 
 class LMEvalConfig(TaskConfig):
-    checkpoint: str = Field(description="checkpoint folder (config.json + model.safetensors), a folder holding one, or the run record (.json) that saved it")
+    checkpoint: str = Field(description="checkpoint folder (config.json + model.safetensors), a folder holding one, "
+                            "or the run record (.json) that saved it")
     tasks: list[str] = Field(default_factory=lambda: ["harness_mqar"], min_length=1,
                              description=f"lm-eval task names: ours ({', '.join(BRIDGE_TASKS)}) or lm-eval's")
     limit: int | None = Field(None, ge=1, description="documents per task (None: all)")
@@ -102,7 +103,8 @@ class LMEval(Task):
 
         ckpt = load_checkpoint(cfg.checkpoint, ctx.device)
         if ckpt.mixer != ctx.mixer:
-            raise ValueError(f"checkpoint {cfg.checkpoint!r} holds a {ckpt.mixer!r} model, but the run is for mixer {ctx.mixer!r}")
+            raise ValueError(
+                f"checkpoint {cfg.checkpoint!r} holds a {ckpt.mixer!r} model, but the run is for mixer {ctx.mixer!r}")
         lm = HarnessLM(ckpt, device=str(ctx.device), batch_size=cfg.batch_size, max_length=cfg.max_length,
                        max_gen_toks=cfg.max_gen_toks, progress=ctx.progress)
         sources = DataSources.for_checkpoint(ckpt.meta)
@@ -132,7 +134,8 @@ class LMEval(Task):
             metrics.update({f"accuracy_{task}": value for task, value in accuracies.items()})
         ctx.log(metrics, None)
         ctx.artifact_dir.mkdir(parents=True, exist_ok=True)
-        kept = {k: out.get(k) for k in ("results", "groups", "configs", "versions", "n-shot", "higher_is_better", "n-samples", "config")}
+        fields = ("results", "groups", "configs", "versions", "n-shot", "higher_is_better", "n-samples", "config")
+        kept = {k: out.get(k) for k in fields}
         (ctx.artifact_dir / RESULTS_FILE).write_text(json.dumps(kept, indent=1, default=str))
         details = {
             "checkpoint": str(ckpt.path), "checkpoint_meta": {k: v for k, v in ckpt.meta.items() if k != "task_config"},

@@ -173,7 +173,8 @@ def test_filtering(site, loaded):
     page.select_option("#filter-task", "memory")
     blocks = page.eval_on_selector_all(".board-block", "bs => bs.filter(b => !b.hidden).map(b => b.dataset.task)")
     assert blocks == ["memory"]
-    rows = page.eval_on_selector_all("#board-memory tbody tr:not([hidden])", "rs => rs.map(r => [r.dataset.mixer, r.dataset.device])")
+    rows = page.eval_on_selector_all("#board-memory tbody tr:not([hidden])",
+                                     "rs => rs.map(r => [r.dataset.mixer, r.dataset.device])")
     assert rows == [["gdn", "NVIDIA H200"]]
     page.select_option("#filter-preset", "default")  # no H200 memory run of preset default
     assert page.locator(".board-block[data-task=memory] .no-match").is_visible()

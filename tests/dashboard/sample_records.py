@@ -53,7 +53,8 @@ class Writer:
         rec = RunRecord(
             run_id=run_id, config_hash=chash, mixer=mixer, task=task, preset=preset, config=config,
             metrics=metrics if status == "ok" else {}, details=details or {}, backend=backend if status == "ok" else None,
-            device=device, versions=GPU_VERSIONS if gpu else CPU_VERSIONS, git_commit=COMMITS[finished > START + timedelta(days=4)],
+            device=device, versions=GPU_VERSIONS if gpu else CPU_VERSIONS,
+            git_commit=COMMITS[finished > START + timedelta(days=4)],
             seed=seed, started=started.isoformat(timespec="seconds"), finished=finished.isoformat(timespec="seconds"),
             duration_s=95.0, status=status, error=error,
         )

@@ -45,7 +45,8 @@ def test_page_is_self_contained(sample):
     assert "Plotly" in html and '<link rel="icon" href="data:,">' in html
     markup = re.sub(r"<script>.*?</script>", "", html, flags=re.S)  # the page without its inline scripts
     assert not re.search(r"<script[^>]+src=|<link[^>]+stylesheet|@import|url\(", markup)
-    assert not re.search(r'(src|href)="(https?:)?//', markup)  # nothing fetched from a network (the browser test watches requests)
+    # nothing fetched from a network (the browser test watches requests)
+    assert not re.search(r'(src|href)="(https?:)?//', markup)
 
 
 def test_every_section_and_figure(sample):

@@ -3,8 +3,9 @@
 bf16 at T up to 32k with K = V = 128 (plus fp32 and fp16 at awkward shapes), against the
 chunked PyTorch form (kernels/gated_delta_rule/chunked.py) run in fp64 on the same GPU (the
 per-token loop is too slow at these lengths); the linearized form against its per-token
-recurrence (DESIGN §7) in fp64. The Triton entry points are called directly. Each output and each gradient (q, k, v, beta, g, initial state) is its own test
-item, so a failure names the gradient; all buffers the kernels write start as NaN.
+recurrence (DESIGN §7) in fp64. The Triton entry points are called directly. Each output and each
+gradient (q, k, v, beta, g, initial state) is its own test item, so a failure names the
+gradient; all buffers the kernels write start as NaN.
 
 Skipped without CUDA, and in a session where TRITON_INTERPRET is set (run tests/gpu in a
 pytest session of its own). Errors are printed (-s) and, when GPU_ERRORS_JSON names a file,

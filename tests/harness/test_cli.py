@@ -64,7 +64,8 @@ def test_cuda_missing_is_clear(tmp_path):
 
 def test_tiny_run_records_leaderboard_and_wandb(tmp_path):
     res = tmp_path / "res"
-    out = runner.invoke(app, ["run", "--mixer", "softmax,linear", "--task", "mqar", "--preset", "tiny", "--device", "cpu", "--results", str(res)])
+    out = runner.invoke(app, ["run", "--mixer", "softmax,linear", "--task", "mqar", "--preset", "tiny", "--device", "cpu",
+                              "--results", str(res)])
     assert out.exit_code == 0, out.output
     recs = [json.loads(p.read_text()) for p in _records(res)]
     assert sorted(r["mixer"] for r in recs) == ["linear", "softmax"]

@@ -42,7 +42,8 @@ def test_ray_executor_on_cpu(tmp_path, monkeypatch):
                "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "disabled"}
         test_id = f"{Path(__file__).resolve()}::test_ray_executor_on_cpu"
         out = subprocess.run([*prefix, sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", test_id,
-                              "--basetemp", str(tmp_path / "inner")], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+                              "--basetemp", str(tmp_path / "inner")],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
         assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-4000:] + out.stderr[-4000:]
         return
 

@@ -115,7 +115,8 @@ def test_invalid_grid_exits_2_and_runs_nothing(tmp_path):
     out = cli.invoke(app, ["sweep", str(bad), "--results", str(tmp_path / "res")])
     assert out.exit_code == 2, out.output
     text = " ".join(out.output.split())
-    for needle in ("Did you mean 'gdn'", "Did you mean 'mqar'", "unknown key 'optim.lrr'", "unknown preset 'huge'", "nothing was run"):
+    needles = ("Did you mean 'gdn'", "Did you mean 'mqar'", "unknown key 'optim.lrr'", "unknown preset 'huge'", "nothing was run")
+    for needle in needles:
         assert needle in text
     assert not (tmp_path / "res").exists()
     shape = _write(tmp_path / "shape.yaml", "grid: [{tasks: [mqar]}]\nmixer: gdn\n")
@@ -190,7 +191,8 @@ def test_two_sweeps_at_once_lose_nothing_and_double_nothing(tmp_path, nap):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     procs = [
         subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path / f"ready{i}"), str(go), "sweep", str(grid),
-                          "--results", str(res), "--no-wandb"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                          "--results", str(res), "--no-wandb"],
+                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         for i in range(2)
     ]
     deadline = time.monotonic() + 120
@@ -249,7 +251,8 @@ def test_worker_that_dies_mid_run_gets_a_failed_record(tmp_path, nap):
     grid = SweepFile(mixers=["gdn"], grid=[{"tasks": ["nap"], "set": {"crash": True}}, {"tasks": ["nap"]}])
     plan, res = expand(grid, "cpu"), tmp_path / "res"
     pool = WorkerPoolExecutor([{}], ["w0"], "cpu", res / ".sweep" / "logs", wandb=False,
-                              argv=[sys.executable, "-c", REGISTER_NAP + "from harness.executors import worker_main\nworker_main()"])
+                              argv=[sys.executable, "-c",
+                                    REGISTER_NAP + "from harness.executors import worker_main\nworker_main()"])
     try:
         summary = run_sweep(plan, pool, res)
     finally:

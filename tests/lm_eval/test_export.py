@@ -66,7 +66,8 @@ def test_other_exports_and_unknown_task(tmp_path):
 
 
 def test_sources_follow_the_checkpoint():
-    assert DataSources.for_checkpoint({"task": "mqar", "task_config": {"vocab_size": 64}, "seed": 2}).mqar_config == {"vocab_size": 64}
+    sources = DataSources.for_checkpoint({"task": "mqar", "task_config": {"vocab_size": 64}, "seed": 2})
+    assert sources.mqar_config == {"vocab_size": 64}
     assert DataSources.for_checkpoint({"task": "lm", "task_config": {"corpus": "/x", "val_fraction": 0.1}}).corpus == "/x"
     assert DataSources.for_checkpoint({}) == DataSources()
 

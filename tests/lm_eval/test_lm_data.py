@@ -7,8 +7,15 @@ import torch
 from tasks.common.checkpoint import load_checkpoint, resolve_checkpoint_path, save_checkpoint
 from tasks.lm_corpus import cloze_items, tiny_corpus
 from tasks.lm_data import (
-    SHIPPED_CORPUS, ByteTokenizer, IdTokenizer, corpus_files, load_documents, split_documents, token_stream,
-    tokenizer_from_info, windows,
+    SHIPPED_CORPUS,
+    ByteTokenizer,
+    IdTokenizer,
+    corpus_files,
+    load_documents,
+    split_documents,
+    token_stream,
+    tokenizer_from_info,
+    windows,
 )
 from tests.lm_eval.conftest import small_model
 

@@ -157,7 +157,8 @@ def test_config_validation():
 
 def test_tiny_run_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
-    cfg = NIAHConfig(**{**NIAH.presets["tiny"], "variants": [{"name": "single_random"}, {"name": "multiquery", "keys": 2, "queries": 2}]})
+    variants = [{"name": "single_random"}, {"name": "multiquery", "keys": 2, "queries": 2}]
+    cfg = NIAHConfig(**{**NIAH.presets["tiny"], "variants": variants})
     ctx = RunContext(mixer="linear", config=cfg, device=torch.device("cpu"), seed=0, artifact_dir=tmp_path / "art")
     result = NIAH().run(ctx)
     m = result.metrics
