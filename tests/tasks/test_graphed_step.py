@@ -4,6 +4,7 @@ training against eager training from the same start."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -29,9 +30,9 @@ def test_scored_positions_match_nonzero(B, T, p, seed):
     assert torch.equal(got, expected)
 
 
-def _lm(mixer="gdn", vocab=32, device="cpu", **model):
+def _lm(mixer="gdn", vocab=32, device="cpu", backend="torch", **model):
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_layers=2, mixer={"num_heads": 2, "backend": "torch"}, **model)
+    cfg = ModelConfig(d_model=32, n_layers=2, mixer={"num_heads": 2, "backend": backend}, **model)
     return MixerLM(mixer, vocab, cfg).to(device)
 
 
@@ -86,19 +87,27 @@ def _ctx(tmp_path, mixer, device):
     return RunContext(mixer=mixer, config=None, device=torch.device(device), seed=0, artifact_dir=tmp_path / "art")
 
 
+# Triton kernels under capture need real Triton: a session with TRITON_INTERPRET set skips them.
+interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+TRITON_CASES = [pytest.param(m, "triton", marks=pytest.mark.skipif(interpreted, reason="TRITON_INTERPRET is set"))
+                for m in ("linear", "gla", "deltanet", "gdn", "lin_gdn", "mesa")]
+
+
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("mixer", ["gdn", "gla", "deltanet", "mesa", "softmax"])
-def test_graphed_training_matches_eager_training(tmp_path, mixer):
+@pytest.mark.parametrize("mixer, backend", [(m, "torch") for m in ("gdn", "gla", "deltanet", "mesa", "softmax")]
+                         + TRITON_CASES)
+def test_graphed_training_matches_eager_training(tmp_path, mixer, backend):
     cfg = dict(epochs=3, batch_size=8, lr=3e-3, grad_clip=1.0)
     models = {}
     stats = {}
     for mode in (False, True):
-        model = _lm(mixer, device="cuda")
+        model = _lm(mixer, device="cuda", backend=backend)
         stats[mode] = train(model, _blocks(), TrainConfig(cuda_graph=mode, **cfg), _ctx(tmp_path, mixer, "cuda"))
         models[mode] = model
+        assert set(model.backends()) == {backend}
     on, off = stats[True], stats[False]
-    # 5 + 3 batches an epoch, in 4 shapes (40 = 5 x 8 and 21 = 2 x 8 + 5): every later batch replays.
+    # 5 + 3 batches an epoch in 3 shapes (40 rows = 5 x 8; 21 = 2 x 8 + 5): every later batch replays.
     assert on.step_mode == "cuda_graph" and off.step_mode == "eager"
     assert on.steps == off.steps == 24 and on.graphs == 3 and on.graph_steps == 24 - 3
     assert math.isclose(on.final_loss, off.final_loss, rel_tol=1e-3)
