@@ -153,10 +153,10 @@ def _prepare(results: Path) -> None:
 
 
 def _status_markup(rec) -> str:
-    """ok (green), ok but at chance (yellow: the loss never left the chance level), diverged, failed."""
+    """ok (green), ok but at chance (yellow: the loss never left the chance level), diverged, oom, failed."""
     if rec.status == "ok":
         return "[yellow]ok, at chance[/]" if rec.metrics.get("learned") == 0.0 else "[green]ok[/]"
-    return "[yellow]diverged[/]" if rec.status == "diverged" else "[red]failed[/]"
+    return {"diverged": "[yellow]diverged[/]", "oom": "[yellow]oom[/]"}.get(rec.status, "[red]failed[/]")
 
 
 def _print_results(rows, task_cls) -> None:

@@ -56,7 +56,7 @@ class Outcome:
     """A finished run: its record's status and path (None if no record could be written)."""
 
     key: str
-    status: str  # 'ok', 'failed' or 'diverged'
+    status: str  # 'ok', 'failed', 'diverged' or 'oom'
     record: str | None
     error: str | None
     duration_s: float

@@ -43,7 +43,7 @@ class RunRecord(BaseModel):
     started: str
     finished: str
     duration_s: float
-    status: Literal["ok", "failed", "diverged"]  # diverged: training became non-finite
+    status: Literal["ok", "failed", "diverged", "oom"]  # diverged: training became non-finite; oom: out of memory
     error: str | None = None
 
     def to_json(self) -> str:

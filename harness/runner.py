@@ -16,7 +16,7 @@ from harness.config import config_hash
 from harness.envinfo import device_name, git_commit, versions
 from harness.records import RunRecord, artifact_dir, write_record
 from harness.tracking import Tracker
-from tasks.base import NullProgress, Progress, RunContext, RunDiverged, Task, learned_metrics
+from tasks.base import NullProgress, Progress, RunContext, RunDiverged, RunOutOfMemory, Task, learned_metrics
 
 
 class DeviceError(ValueError):
@@ -58,7 +58,8 @@ def new_run_id(spec: RunSpec, chash: str) -> str:
 
 
 def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress | None = None) -> tuple[RunRecord, Path]:
-    """Run the task and write one record: ok, diverged (training became non-finite) or failed.
+    """Run the task and write one record: ok, diverged (training became non-finite), oom (out of
+    memory) or failed.
     KeyboardInterrupt writes nothing."""
     config = spec.config.model_dump(mode="json")
     chash = config_hash(spec.mixer, spec.task.name, config, spec.seed)
@@ -87,6 +88,8 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
         raise
     except RunDiverged as e:
         status, error = "diverged", f"{type(e).__name__}: {e}"
+    except (RunOutOfMemory, torch.cuda.OutOfMemoryError, MemoryError) as e:
+        status, error = "oom", f"{type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 - any failure of a run becomes a failed record
         status = "failed"
         tail = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:])

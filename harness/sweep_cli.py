@@ -94,7 +94,8 @@ class SweepView(SweepEvents):
         self.durations.append(time.monotonic() - t0)
         ok = outcome.status == "ok"
         self.counts["done" if ok else "failed"] += 1
-        mark = "[green]✓[/]" if ok else "[yellow]✗ diverged[/]" if outcome.status == "diverged" else "[red]✗[/]"
+        mark = "[green]✓[/]" if ok else {"diverged": "[yellow]✗ diverged[/]", "oom": "[yellow]✗ oom[/]"}.get(
+            outcome.status, "[red]✗[/]")
         error = "" if ok else f": [red]{(outcome.error or 'failed').splitlines()[0]}[/]"
         console.print(f"{mark} {point.label} ({_duration(outcome.duration_s)}, {outcome.where}){error}")
         self._refresh()

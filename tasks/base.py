@@ -59,6 +59,10 @@ class RunDiverged(RuntimeError):
     """Training became non-finite: the run's record gets status "diverged", not "failed"."""
 
 
+class RunOutOfMemory(RuntimeError):
+    """The run did not fit in memory: the record gets status "oom", not "failed"."""
+
+
 # A trained run "learned" when its final loss is below this share of the task's chance loss.
 LEARNED_BELOW = 0.9
 

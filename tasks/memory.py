@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from tasks.base import RunContext, Task, TaskResult
+from tasks.base import RunContext, RunOutOfMemory, Task, TaskResult
 from tasks.common.layer_config import LayerTaskConfig
 from tasks.common.memprobe import MixerFwdBwd, Probe, peak_memory
 from tasks.common.plots import plot_memory, plot_state_bytes
@@ -94,6 +94,7 @@ class Memory(Task):
         ctx.progress.advance(bar)
         ctx.progress.remove_task(bar)
 
+        _check_some_probe_ran(points, ctx.mixer, cfg)
         ctx.artifact_dir.mkdir(parents=True, exist_ok=True)
         artifacts = plot_memory(points, ctx.artifact_dir, ctx.mixer) + plot_state_bytes(states, ctx.artifact_dir, ctx.mixer)
         fits = {mode: _max_fit([p for p in points if p["model"] == ctx.mixer and p["mode"] == mode]) for mode in cfg.modes}
@@ -105,6 +106,24 @@ class Memory(Task):
         }
         return TaskResult(metrics=_metrics(points, states, fits, ctx.mixer, cfg), backend=mixer.backend_used or "",
                           details=details, artifacts=artifacts)
+
+
+def _check_some_probe_ran(points: list[dict], mixer: str, cfg: MemoryConfig) -> None:
+    """A run whose every probe of the mixer under test failed measured nothing: not an ok record.
+    Out of memory (or over max_bytes) everywhere it ran is RunOutOfMemory (status oom); else a
+    RuntimeError naming the probes' errors."""
+    mine = [p for p in points if p["model"] == mixer]
+    if any(p["status"] == "ok" for p in mine):
+        return
+    statuses = sorted({p["status"] for p in mine})
+    lengths = sorted({p["T"] for p in mine})
+    where = f"T = {lengths[0]}..{lengths[-1]}" if lengths else "no lengths"
+    if "oom" in statuses and set(statuses) <= {"oom", "skipped"}:  # lengths past an OOM are skipped
+        cap = f"the max_bytes cap of {cfg.max_bytes:,} bytes" if cfg.max_bytes else "the device's memory"
+        raise RunOutOfMemory(f"every probe of {mixer} ({len(mine)}, {where}) ran out of {cap}; "
+                             f"raise max_bytes or lower the lengths")
+    errors = sorted({str(p.get("error") or p["status"]).splitlines()[0] for p in mine})
+    raise RuntimeError(f"no probe of {mixer} ran ({where}; statuses {statuses}): {'; '.join(errors[:3])}")
 
 
 def cache_bytes(obj: Any) -> int:

@@ -176,3 +176,19 @@ def test_a_sweep_point_that_cannot_run_is_refused_with_the_whole_grid():
     sweep = SweepFile(mixers=["gdn"], presets=["tiny"], grid=[{"tasks": ["lm"], "set": {"corpus": "/no/such/corpus"}}])
     with pytest.raises(SweepError, match="is neither a file nor a folder"):
         expand(sweep, "cpu")
+
+
+def test_a_memory_run_whose_every_probe_runs_out_is_oom_not_ok(tmp_path):
+    record, _ = execute(_spec("memory", "gdn", ["max_bytes=1"]), tmp_path, Tracker(enabled=False))
+    assert record.status == "oom" and "every probe of gdn" in record.error and "max_bytes" in record.error
+
+
+def test_a_cuda_out_of_memory_error_is_status_oom(tmp_path, monkeypatch):
+    spec = _spec()
+
+    def oom(self, ctx):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(spec.task, "run", oom)
+    record, _ = execute(spec, tmp_path, Tracker(enabled=False))
+    assert record.status == "oom" and "20.00 GiB" in record.error

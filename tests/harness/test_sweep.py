@@ -232,7 +232,7 @@ def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     ]})
     plan, res = expand(sweep, "cpu"), tmp_path / "res"
     summary = run_sweep(plan, InProcessExecutor("cpu", wandb=False), res)
-    assert [o.status for _, o in summary.ran] == ["diverged", "failed", "failed", "ok"]
+    assert [o.status for _, o in summary.ran] == ["diverged", "failed", "oom", "ok"]
     errors = [o.error for _, o in summary.ran]
     assert "nan" in errors[0].lower() and "bogus" in errors[1] and "OutOfMemoryError" in errors[2]
     assert len(_records(res)) == 4 and len(summary.failed) == 3
