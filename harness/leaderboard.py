@@ -109,7 +109,7 @@ def build_boards(results: Path) -> tuple[list[Board], int]:
         shown = [m for m in task.shown_metrics]
         extra = sorted({m for _, r in best.values() for m in r.metrics if m.startswith(f"{metric}_")
                         and (not task.board_metrics or re.fullmatch(task.board_metrics, m))})
-        columns = [metric, *extra, *shown]
+        columns = list(dict.fromkeys([metric, *extra, *shown]))  # a shown metric may also be an accuracy_* extra
         board = Board(task_name, preset, device, skey, metric, task.higher_is_better, columns)
         ranked = sorted(best.values(), key=lambda pr: pr[1].metrics[metric], reverse=task.higher_is_better)
         for path, rec in ranked:

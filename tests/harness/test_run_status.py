@@ -192,3 +192,12 @@ def test_a_cuda_out_of_memory_error_is_status_oom(tmp_path, monkeypatch):
     monkeypatch.setattr(spec.task, "run", oom)
     record, _ = execute(spec, tmp_path, Tracker(enabled=False))
     assert record.status == "oom" and "20.00 GiB" in record.error
+
+
+def test_a_shown_metric_that_is_also_an_extra_appears_once(tmp_path, monkeypatch):
+    spec = _spec("niah", "gdn")
+    metrics = {"accuracy": 0.5, "accuracy_train_len": 0.6, "accuracy_longest": 0.4, "params": 1.0, "train_time_s": 2.0}
+    monkeypatch.setattr(spec.task, "run", lambda self, ctx: TaskResult(metrics, "torch"))
+    execute(spec, tmp_path, Tracker(enabled=False))
+    (board,), _ = build_boards(tmp_path)
+    assert len(board.columns) == len(set(board.columns)) and "accuracy_train_len" in board.columns
