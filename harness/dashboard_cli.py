@@ -4,6 +4,7 @@ Registered by harness.cli as `app.command("dashboard")(dashboard_cmd)`."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -36,10 +37,21 @@ def dashboard_cmd(
     if not Path(results).is_dir():
         err_console.print(f"[bold red]error:[/] --results {results} is not a directory")
         raise typer.Exit(2)
+    target = Path(out) if out is not None else Path(results) / "dashboard"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        if not os.access(target, os.W_OK):
+            raise PermissionError(f"{target} is not writable")
+    except OSError as e:
+        err_console.print(f"[bold red]error:[/] --out {target}: cannot write the page there ({e.strerror or e})")
+        raise typer.Exit(2) from None
     try:
         built = build_dashboard(results, out, threshold)
     except (PlotlyMissingError, ValueError) as e:
         err_console.print(f"[bold red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    except OSError as e:
+        err_console.print(f"[bold red]error:[/] writing the dashboard failed: {e}")
         raise typer.Exit(2) from None
     console.print(f"{built.figures} figure(s) from {built.records} record(s), {built.linked} record(s) linked; "
                   f"written to {built.page}")

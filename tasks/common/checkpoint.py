@@ -79,7 +79,10 @@ def resolve_checkpoint_path(path: str | Path) -> Path:
     holds one."""
     path = Path(path).expanduser()
     if path.suffix == ".json" and path.is_file():
-        path = path.with_suffix("")
+        record, path = path, path.with_suffix("")
+        if not path.is_dir():
+            raise ValueError(f"{str(record)!r} has no artifact folder {str(path)!r} beside it: that run saved no "
+                             "checkpoint (MQAR saves one with --set save_checkpoint=true)")
     if path.is_dir() and not (path / CONFIG_FILE).is_file():
         for inner in (path / CHECKPOINT_FILE, path / LEGACY_FILE):
             if inner.exists():

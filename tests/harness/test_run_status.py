@@ -201,3 +201,26 @@ def test_a_shown_metric_that_is_also_an_extra_appears_once(tmp_path, monkeypatch
     execute(spec, tmp_path, Tracker(enabled=False))
     (board,), _ = build_boards(tmp_path)
     assert len(board.columns) == len(set(board.columns)) and "accuracy_train_len" in board.columns
+
+
+def test_dashboard_out_that_cannot_be_written_exits_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    from harness.records import write_record
+    from tests.harness.test_records import make_record
+
+    write_record(tmp_path, make_record())
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    out = CliRunner().invoke(app, ["dashboard", "--results", str(tmp_path), "--out", str(blocker / "dash")])
+    assert out.exit_code == 2 and "cannot write the page there" in " ".join(out.output.split())
+
+
+def test_eval_of_a_record_without_a_checkpoint_names_the_record(tmp_path):
+    from tasks.common.checkpoint import resolve_checkpoint_path
+
+    record = tmp_path / "run.json"
+    record.write_text("{")
+    with pytest.raises(ValueError, match=r"run\.json' has no artifact folder .* saved no checkpoint"):
+        resolve_checkpoint_path(record)
