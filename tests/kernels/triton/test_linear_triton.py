@@ -55,7 +55,7 @@ def test_gradients_through_output_only():
     o, ht = linear_attention(**ours, backend="triton")
     o_ref, _ = linear_attention(**ref, backend="reference")
     assert ht is None
-    do = torch.randn_like(o)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(12), dtype=o.dtype)  # seeded: reproducible
     grads = torch.autograd.grad(o, list(ours.values()), do)
     grads_ref = torch.autograd.grad(o_ref, list(ref.values()), do.double())
     assert rel_err(o, o_ref) < TOL[torch.float32]
