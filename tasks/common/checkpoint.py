@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
 
 from tasks.common.model import MixerLM, ModelConfig
 
@@ -57,6 +56,8 @@ def save_checkpoint(path: str | Path, model: MixerLM, tokenizer: dict[str, Any],
         "max_positions": model.max_positions, "model_config": model.config.model_dump(mode="json"),
         "tokenizer": dict(tokenizer), "meta": dict(meta or {}),
     }
+    from safetensors.torch import save_model  # only where checkpoints are written (tasks import this module)
+
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         save_model(model, str(tmp / WEIGHTS_FILE))
@@ -108,6 +109,8 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Che
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         found = config.get("format") if isinstance(config, dict) else type(config).__name__
         raise ValueError(f"checkpoint {str(path)!r} has format {found!r}; expected {FORMAT!r}")
+    from safetensors.torch import load_model
+
     model = _build(config)
     try:
         missing, unexpected = load_model(model, str(path / WEIGHTS_FILE), strict=False)
