@@ -87,7 +87,8 @@ def build_boards(results: Path) -> tuple[list[Board], int]:
         task = _task_meta(rec.task)
         setting = {k: rec.config.get(k) for k in task.setting_fields}
         skey = hashlib.sha256(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:8]
-        groups[(rec.task, rec.preset, rec.device, skey)].append((path, rec))
+        device = rec.device if task.board_device == "model" or not rec.device.startswith("cpu") else "cpu"
+        groups[(rec.task, rec.preset, device, skey)].append((path, rec))
     boards = []
     for (task_name, preset, device, skey), items in sorted(groups.items()):
         task = _task_meta(task_name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -97,6 +97,9 @@ class Task:
     # Which `<primary>_*` metrics a leaderboard shows beside the primary one (a regular
     # expression matched against the whole name); empty: all of them.
     board_metrics: ClassVar[str] = ""
+    # Which runs share a board: all CPUs together and each GPU model ("class": results that do not
+    # depend on the processor, such as accuracy), or each exact CPU and GPU model ("model": timings).
+    board_device: ClassVar[Literal["class", "model"]] = "class"
 
     @classmethod
     def check_mixer(cls, mixer: str) -> None:

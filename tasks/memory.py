@@ -58,6 +58,7 @@ class Memory(Task):
     primary_metric = "peak_mib"
     higher_is_better = False
     setting_fields = ("seq_lens", "max_seq_len", "batch_size", "num_heads", "head_dim", "d_model", "dtype", "max_bytes")
+    board_device = "model"  # timings and peaks depend on the exact processor
     shown_metrics = ("max_T_fits", "op_peak_mib", "op_max_T_fits", "state_bytes", "peak_ratio_vs_softmax")
     presets = {
         # CPU: T = 64 .. 2048, capped at 64 MiB per call (softmax's O(T^2) layer backward

@@ -76,6 +76,7 @@ class Throughput(Task):
     primary_metric = "fwdbwd_tokens_per_s"
     higher_is_better = True
     setting_fields = ("seq_lens", "token_budget", "batch_size", "num_heads", "head_dim", "d_model", "dtype")
+    board_device = "model"  # timings and peaks depend on the exact processor
     shown_metrics = ("fwd_tokens_per_s", "decode_tokens_per_s", "crossover_T_fwd", "crossover_T_fwdbwd", "op_fwdbwd_tflops")
     presets = {
         # CPU, about a minute per mixer on 2 busy cores.

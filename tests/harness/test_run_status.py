@@ -224,3 +224,19 @@ def test_eval_of_a_record_without_a_checkpoint_names_the_record(tmp_path):
     record.write_text("{")
     with pytest.raises(ValueError, match=r"run\.json' has no artifact folder .* saved no checkpoint"):
         resolve_checkpoint_path(record)
+
+
+def test_boards_join_cpus_for_accuracy_and_split_them_for_timings(tmp_path):
+    from harness.records import write_record
+    from tests.harness.test_records import make_record
+
+    for i, cpu in enumerate(("cpu: AMD EPYC 7B13", "cpu: Intel Xeon 8480")):
+        write_record(tmp_path, make_record(run_id=f"m{i}", mixer=["gdn", "linear"][i], device=cpu))
+        write_record(tmp_path, make_record(run_id=f"t{i}", task="throughput", preset="default", device=cpu,
+                                           metrics={"fwdbwd_tokens_per_s": 1.0 + i}))
+    boards, _ = build_boards(tmp_path)
+    by_task = {}
+    for b in boards:
+        by_task.setdefault(b.task, []).append(b.device)
+    assert by_task["mqar"] == ["cpu"]
+    assert sorted(by_task["throughput"]) == ["cpu: AMD EPYC 7B13", "cpu: Intel Xeon 8480"]
