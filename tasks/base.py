@@ -3,6 +3,8 @@ device, and returns a TaskResult that the harness turns into a run record."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal, Protocol
@@ -53,6 +55,16 @@ class RunContext:
     artifact_dir: Path  # plots and other files go here, next to the record
     progress: Progress = field(default_factory=NullProgress)
     log: Callable[[dict[str, float], int | None], None] = lambda metrics, step=None: None
+
+
+@contextlib.contextmanager
+def stage(ctx: RunContext, what: str) -> Iterator[None]:
+    """Show `what` the run is doing (a line with a spinner) for the duration of the block."""
+    task_id = ctx.progress.add_task(f"{ctx.mixer}: {what}", total=None)
+    try:
+        yield
+    finally:
+        ctx.progress.remove_task(task_id)
 
 
 class RunDiverged(RuntimeError):

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.base import RunContext, Task, TaskConfig, TaskResult
+from tasks.base import RunContext, Task, TaskConfig, TaskResult, stage
 from tasks.common.checkpoint import CHECKPOINT_FILE, save_checkpoint
 from tasks.common.datacache import cached_arrays
 from tasks.common.model import UNGATED_OUTPUT, MixerLM, ModelConfig
@@ -157,11 +157,12 @@ class MQAR(Task):
 
     def run(self, ctx: RunContext) -> TaskResult:
         cfg: MQARConfig = ctx.config
-        if cfg.batching == "per_setting":
-            train_blocks = self._blocks(cfg, cfg.train, ctx.seed, split=0)
-        else:
-            train_blocks = [self._data(cfg, cfg.train, ctx.seed, split=0)]
-        test_blocks = [self._data(cfg, [s], ctx.seed, split=1) for s in cfg.test]
+        with stage(ctx, "generating or loading the data"):
+            if cfg.batching == "per_setting":
+                train_blocks = self._blocks(cfg, cfg.train, ctx.seed, split=0)
+            else:
+                train_blocks = [self._data(cfg, cfg.train, ctx.seed, split=0)]
+            test_blocks = [self._data(cfg, [s], ctx.seed, split=1) for s in cfg.test]
 
         torch.manual_seed(ctx.seed)
         longest = max(s.seq_len for s in [*cfg.train, *cfg.test])
@@ -170,12 +171,15 @@ class MQAR(Task):
         scored: list[list[dict]] = []  # early stopping's per-epoch scores, the last one kept
 
         def evaluate() -> float:
-            scored[:] = [score_settings(model, cfg, test_blocks, ctx.device)]
+            with stage(ctx, "evaluating"):
+                scored[:] = [score_settings(model, cfg, test_blocks, ctx.device)]
             return mean_accuracy(scored[0])
 
         stats = train(model, train_blocks, cfg.optim, ctx, evaluate=evaluate)
         # The last epoch's evaluation already scored the final weights.
-        by_setting = scored[0] if scored else score_settings(model, cfg, test_blocks, ctx.device)
+        if not scored:
+            evaluate()
+        by_setting = scored[0]
         metrics = settings_metrics(by_setting)
         longest_test = max(s.seq_len for s in cfg.test)
         metrics.update(

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from tasks.base import RunContext, Task, TaskConfig, TaskResult
+from tasks.base import RunContext, Task, TaskConfig, TaskResult, stage
 from tasks.common.datacache import cached_arrays
 from tasks.common.heatmap import HeatmapPanel, save_heatmaps
 from tasks.common.model import UNGATED_OUTPUT, MixerLM, ModelConfig
@@ -130,7 +130,8 @@ class NIAH(Task):
 
     def run(self, ctx: RunContext) -> TaskResult:
         cfg: NIAHConfig = ctx.config
-        train_x, train_y = self._train_data(cfg, ctx.seed)
+        with stage(ctx, "generating or loading the data"):
+            train_x, train_y = self._train_data(cfg, ctx.seed)
         torch.manual_seed(ctx.seed)
         longest = max(cfg.train_len, *cfg.test_lengths)
         model = MixerLM(ctx.mixer, cfg.vocab.size, cfg.model, max_positions=longest).to(ctx.device)
