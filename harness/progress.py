@@ -86,10 +86,13 @@ class LineProgress:
 
     def _print(self, line: _Line, now: float, ended: bool = False) -> None:
         elapsed = now - line.started
-        text = f"{line.description}: {line.completed:g}"
-        if line.total:
-            text += f"/{line.total:g} ({100 * line.completed / line.total:.0f}%)"
-        text += f", {_clock(elapsed)} elapsed"
+        if line.total is None and not line.completed:  # a stage without a count: its name and time only
+            text = f"{line.description}: {_clock(elapsed)} elapsed"
+        else:
+            text = f"{line.description}: {line.completed:g}"
+            if line.total:
+                text += f"/{line.total:g} ({100 * line.completed / line.total:.0f}%)"
+            text += f", {_clock(elapsed)} elapsed"
         if ended:
             text += ", done"
         elif line.total and line.completed > 0:
