@@ -5,7 +5,8 @@
 # the sweep resumes across calls. Records are tarred into $OUT every 20 s: a call cut short
 # keeps every run that finished.
 #   SWEEP=configs/mqar-paper.yaml DEADLINE_S=570 PACK=6 bash benchmarks/h200_mqar.sh
-# TESTS=0, ALONE=0 skip those parts; PROFILE=1 adds benchmarks/mqar_step_profile.py first.
+# TESTS=0, ALONE=0 skip those parts; PROFILE=1 adds benchmarks/mqar_step_profile.py first
+# (PROFILE_BACKENDS=torch,triton to compare the backends, PROFILE_S its time limit).
 set -o pipefail
 T0=$(date +%s)
 source benchmarks/device_preamble.sh
@@ -39,7 +40,8 @@ if [ "${ALONE:-1}" != 0 ]; then
 fi
 if [ "${PROFILE:-0}" != 0 ]; then
     echo "== step profile (zoology model, eager vs graphed, top kernels)"
-    timeout 150 python3 -m benchmarks.mqar_step_profile --out "$OUT/mqar_step_profile_h200.json" 2>&1 | tail -n 12 | tee "$OUT/profile.log"
+    timeout "${PROFILE_S:-150}" python3 -m benchmarks.mqar_step_profile --out "$OUT/mqar_step_profile_h200.json" \
+        --backends "${PROFILE_BACKENDS:-torch}" 2>&1 | tail -n 20 | tee "$OUT/profile.log"
 fi
 left=$(( DEADLINE_S - ($(date +%s) - T0) ))
 echo "== sweep $SWEEP, $PACK runs on the GPU, ${left}s"

@@ -2,7 +2,7 @@
 ms per step eager and replayed as a CUDA graph (steady state, after capture), and the
 kernels with the most CUDA time in an eager step (torch.profiler).
 
-    python -m benchmarks.mqar_step_profile --out results/bench/mqar_step_profile_h200.json
+    python -m benchmarks.mqar_step_profile --out results/bench/mqar_step_profile_h200.json [--backends torch,triton]
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def _ms_per_step(step, n: int) -> float:
     return start.elapsed_time(end) / n
 
 
-def profile_mixer(mixer: str, d_model: int, batch: int, seq_len: int, pairs: int, top: int) -> dict:
-    cfg = resolve_config(MQAR, "zoology", None, [f"model.d_model={d_model}", "model.mixer.backend=torch"])
+def profile_mixer(mixer: str, backend: str, d_model: int, batch: int, seq_len: int, pairs: int, top: int) -> dict:
+    cfg = resolve_config(MQAR, "zoology", None, [f"model.d_model={d_model}", f"model.mixer.backend={backend}"])
     x, y = make_mqar(batch, seq_len, pairs, cfg.vocab_size, 0, cfg.power_a, cfg.random_non_queries)
     tokens, labels = torch.from_numpy(x).long().cuda(), torch.from_numpy(y).long().cuda()
     scored = int((labels != -100).sum())
@@ -56,7 +56,8 @@ def profile_mixer(mixer: str, d_model: int, batch: int, seq_len: int, pairs: int
     events = sorted(prof.key_averages(), key=lambda e: e.self_device_time_total, reverse=True)
     total_us = sum(e.self_device_time_total for e in events)
     kernels = [{"name": e.key[:120], "calls": e.count, "cuda_us": e.self_device_time_total} for e in events[:top]]
-    return {"mixer": mixer, "d_model": d_model, "batch": batch, "seq_len": seq_len, "kv_pairs": pairs,
+    return {"mixer": mixer, "backend": sorted(set(model.backends())),
+            "d_model": d_model, "batch": batch, "seq_len": seq_len, "kv_pairs": pairs,
             "eager_ms": eager_ms, "graph_ms": graph_ms, "eager_step_cuda_us": total_us,
             "kernel_launches": int(sum(e.count for e in events)), "top_kernels": kernels}
 
@@ -65,6 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/bench/mqar_step_profile.json")
     parser.add_argument("--mixers", default="gdn,softmax,deltanet,mesa")
+    parser.add_argument("--backends", default="torch", help="comma-separated: torch, triton (softmax always torch)")
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
@@ -73,12 +75,14 @@ def main() -> None:
               "shapes": "batch 256: T 256 with 64 pairs (the longest training setting) and T 64 with 4",
               "runs": []}
     for mixer in args.mixers.split(","):
-        for seq_len, pairs in ((256, 64), (64, 4)):
-            record["runs"].append(profile_mixer(mixer, args.d_model, 256, seq_len, pairs, args.top))
-            save_record(record, args.out)
-            r = record["runs"][-1]
-            print(f"{mixer} T={seq_len}: eager {r['eager_ms']:.2f} ms, graph {r['graph_ms']:.2f} ms, "
-                  f"{r['kernel_launches']} launches, top {r['top_kernels'][0]['name'][:60]}", flush=True)
+        backends = ["torch"] if mixer == "softmax" else args.backends.split(",")
+        for backend in backends:
+            for seq_len, pairs in ((256, 64), (64, 4)):
+                record["runs"].append(profile_mixer(mixer, backend, args.d_model, 256, seq_len, pairs, args.top))
+                save_record(record, args.out)
+                r = record["runs"][-1]
+                print(f"{mixer} {backend} T={seq_len}: eager {r['eager_ms']:.2f} ms, graph {r['graph_ms']:.2f} ms, "
+                      f"{r['kernel_launches']} launches, top {r['top_kernels'][0]['name'][:60]}", flush=True)
 
 
 if __name__ == "__main__":
