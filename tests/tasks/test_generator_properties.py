@@ -1,5 +1,5 @@
-"""Property tests of the MQAR generator over random settings and seeds: the invariants every
-sequence must hold, whatever the shape (Zoology's construction, values distinct)."""
+"""Property tests of the MQAR and NIAH generators over random settings and seeds: the
+invariants every sequence must hold, whatever the shape."""
 
 from __future__ import annotations
 
@@ -51,3 +51,35 @@ def test_the_same_seed_gives_the_same_data_and_another_seed_other_data(setting):
     if vocab >= 256 and kv >= 4:  # enough entropy that two seeds agreeing is (practically) impossible
         c = make_mqar(n, seq_len, kv, vocab, seed + 1, random_non_queries=random_non_queries)
         assert not np.array_equal(a[0], c[0])
+
+
+@st.composite
+def _niah_cases(draw):
+    from tasks.niah_data import NIAHVariant, NIAHVocab
+
+    keys = draw(st.integers(1, 4))
+    variant = NIAHVariant(name="v", haystack=draw(st.sampled_from(["repeat", "random"])), keys=keys,
+                          values_per_key=draw(st.integers(1, 3)), queries=draw(st.integers(1, keys)),
+                          value_len=draw(st.integers(1, 4)))
+    vocab = NIAHVocab(num_keys=8, num_values=16, num_filler=12, pattern_len=draw(st.integers(1, 12)))
+    shortest = 1 + variant.query_len() + variant.num_needles * (2 + variant.value_len)
+    return variant, vocab, draw(st.integers(shortest, shortest + 60)), draw(st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(_niah_cases())
+def test_every_niah_sequence_scores_its_answers_and_only_them(case):
+    from tasks.niah_data import make_niah
+
+    variant, vocab, seq_len, seed = case
+    block = make_niah(variant, 3, seq_len, vocab, seed)
+    assert block.inputs.shape == block.labels.shape == block.answer_ids.shape == (3, seq_len)
+    assert block.inputs.min() >= 0 and block.inputs.max() < vocab.size
+    assert ((block.answer_depths >= 0) & (block.answer_depths <= 1)).all()
+    for x, y, ids in zip(block.inputs, block.labels, block.answer_ids):
+        scored = np.flatnonzero(y != -100)
+        assert np.array_equal(scored, np.flatnonzero(ids >= 0)), "scored positions are exactly the answers' tokens"
+        assert sorted(ids[scored].tolist()) == sorted(list(range(variant.num_answers)) * variant.value_len)
+        assert ((y[scored] >= vocab.value_start) & (y[scored] < vocab.filler_start)).all(), "answers are value tokens"
+        for pos in scored:  # a model can only recall what it has seen: each answer token occurs earlier
+            assert y[pos] in x[:pos].tolist()
