@@ -1,6 +1,7 @@
 """The CLI end to end: errors with exit code 2 and no record, a real tiny run, leaderboard, wandb."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -81,8 +82,14 @@ def test_tiny_run_records_leaderboard_and_wandb(tmp_path):
     logs = list((tmp_path / "wandb").rglob("offline-run-*/run-*.wandb"))
     assert len(logs) == 2
     for log in logs:
+        # wandb's service process writes the log; on a loaded machine it can land a moment
+        # after run.finish() returns, so wait for it (bounded) before reading.
+        deadline = time.monotonic() + 60
         blob = log.read_bytes()
-        assert b"test/accuracy" in blob and b"train/loss" in blob
+        while not (b"test/accuracy" in blob and b"train/loss" in blob) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            blob = log.read_bytes()
+        assert b"test/accuracy" in blob and b"train/loss" in blob, f"{log} holds {len(blob)} bytes"
 
     out = runner.invoke(app, ["leaderboard", "--results", str(res)])
     assert out.exit_code == 0, out.output
