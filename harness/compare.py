@@ -15,12 +15,11 @@ import hashlib
 import json
 import math
 import re
-import warnings
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from harness.records import RunRecord, UnreadableRecordWarning
+from harness.records import RunRecord, warn_unreadable
 
 LOWER, HIGHER = "lower", "higher"
 
@@ -88,11 +87,11 @@ def load_side(path: Path) -> Side:
         try:
             rec = RunRecord.model_validate_json(f.read_text())
         except (ValueError, OSError) as e:
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             if f == path:
+                reason = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise CompareError(f"{path} is not a readable run record ({reason})") from None
             if f.parent.parent.name == "runs":  # where records live: say so; artifacts pass quietly
-                warnings.warn(f"skipped {f}: not a readable run record ({reason})", UnreadableRecordWarning, stacklevel=2)
+                warn_unreadable(f, e)
             continue
         side.count += 1
         book = side.ok if rec.status == "ok" else side.failed

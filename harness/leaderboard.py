@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.records import RunRecord, load_records
+from harness.records import RunRecord, device_type_of, load_records
 from tasks.base import Task, learned_metrics
 from tasks.registry import UnknownTaskError, get_task
 
@@ -87,7 +87,8 @@ def build_boards(results: Path) -> tuple[list[Board], int]:
         task = _task_meta(rec.task)
         setting = {k: rec.config.get(k) for k in task.setting_fields}
         skey = hashlib.sha256(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:8]
-        device = rec.device if task.board_device == "model" or not rec.device.startswith("cpu") else "cpu"
+        class_only = task.board_device == "class" and device_type_of(rec.device) == "cpu"
+        device = "cpu" if class_only else rec.device
         groups[(rec.task, rec.preset, device, skey)].append((path, rec))
     boards = []
     for (task_name, preset, device, skey), items in sorted(groups.items()):

@@ -56,6 +56,21 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
+def device_type_of(device: str) -> str:
+    """'cpu' or 'cuda' from a record's device name ('cpu: <model>' or the GPU's name)."""
+    return "cpu" if device.startswith("cpu") else "cuda"
+
+
+class UnreadableRecordWarning(UserWarning):
+    """A file under runs/ that is not a valid run record (torn, hand-edited, another schema)."""
+
+
+def warn_unreadable(path: Path, error: Exception) -> None:
+    """Say that `path` was skipped because it is not a readable run record, and why."""
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    warnings.warn(f"skipped {path}: not a readable run record ({reason})", UnreadableRecordWarning, stacklevel=3)
+
+
 def runs_dir(results: Path) -> Path:
     return Path(results) / "runs"
 
@@ -117,10 +132,6 @@ def prepare_results(results: Path) -> int:
     return removed
 
 
-class UnreadableRecordWarning(UserWarning):
-    """A file under runs/ that is not a valid run record (torn, hand-edited, another schema)."""
-
-
 def load_records(results: Path) -> Iterator[tuple[Path, RunRecord]]:
     """Every valid record under <results>/runs, with its path. An unreadable file is skipped
     with an UnreadableRecordWarning naming it and why (commands print it to stderr)."""
@@ -131,7 +142,6 @@ def load_records(results: Path) -> Iterator[tuple[Path, RunRecord]]:
         try:
             record = RunRecord.model_validate_json(path.read_text())
         except (ValueError, OSError) as e:
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            warnings.warn(f"skipped {path}: not a readable run record ({reason})", UnreadableRecordWarning, stacklevel=2)
+            warn_unreadable(path, e)
             continue
         yield path, record

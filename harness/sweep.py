@@ -47,7 +47,7 @@ from harness.config import (
     validate_mixer_options,
 )
 from harness.executors import Executor, Job, Outcome
-from harness.records import runs_dir
+from harness.records import device_type_of, runs_dir
 
 
 class SweepError(ValueError):
@@ -228,11 +228,6 @@ def expand(
 
 
 # -- records of a key ------------------------------------------------------------------
-
-
-def device_type_of(device: str) -> str:
-    """'cpu' or 'cuda' from a record's device name ('cpu: <model>' or the GPU's name)."""
-    return "cpu" if device.startswith("cpu") else "cuda"
 
 
 @dataclass(frozen=True)

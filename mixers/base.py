@@ -95,7 +95,8 @@ def layer_widths(d_model: int, config: MixerConfig) -> tuple[int, int]:
     if config.head_dim is None:
         key_width = d_model * config.expand_k
         if key_width != int(key_width) or int(key_width) % config.num_heads:
-            valid = [h for h in range(1, int(key_width) + 1) if key_width == int(key_width) and int(key_width) % h == 0]
+            whole = key_width == int(key_width)
+            valid = [h for h in range(1, int(key_width) + 1) if int(key_width) % h == 0] if whole else []
             raise ValueError(
                 f"num_heads={config.num_heads} does not split the key width expand_k * d_model = {key_width:g} "
                 f"(d_model={d_model}, expand_k={config.expand_k:g}) evenly; valid num_heads: "

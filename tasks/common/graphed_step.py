@@ -42,7 +42,6 @@ class GraphedSteps:
         self.captured: dict[tuple[int, int, int], _Captured] = {}
         self.side = torch.cuda.Stream()
         self.graph_steps = 0
-        self.eager_steps = 0
 
     def step(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:
         """Train on tokens, labels [B, T] (on the GPU) with `scored` labelled positions.
@@ -62,18 +61,13 @@ class GraphedSteps:
         with torch.cuda.stream(self.side):
             loss = self._eager(tokens, labels, scored)
         torch.cuda.current_stream().wait_stream(self.side)
-        self.eager_steps += 1
         if len(self.captured) < MAX_GRAPHS:
             self.captured[key] = self._capture(tokens, labels, scored)
         return loss
 
     def _eager(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:
-        self.opt.zero_grad(set_to_none=True)
         loss, _, _ = self.model.loss(tokens, labels, scored)
-        loss.backward()
-        if self.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.opt.step()
+        optimizer_step(self.model, self.opt, loss, self.grad_clip)
         return loss.detach()
 
     def _capture(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> _Captured:
@@ -85,6 +79,15 @@ class GraphedSteps:
         with torch.cuda.graph(graph, pool=self.pool):
             loss = self._eager(static_tokens, static_labels, scored)
         return _Captured(graph, static_tokens, static_labels, loss)
+
+
+def optimizer_step(model: MixerLM, opt: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float | None) -> None:
+    """Backward from `loss` into fresh gradients, clip them (unless grad_clip is None), step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
 
 
 def make_capturable_adamw(groups: list[dict], lr: float, betas: tuple[float, float],

@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.base import RunContext, RunDiverged
-from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw, set_lr
+from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw, optimizer_step, set_lr
 from tasks.common.model import MixerLM
 
 LOSS_READ_EVERY = 25  # graphed steps between host reads of the loss
@@ -188,11 +188,7 @@ def train(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunContext,
                     raise _diverged_from(e, model, step, epoch) from e
                 if not torch.isfinite(loss):
                     raise TrainingDiverged(f"loss became {loss.item()} at step {step} (epoch {epoch}); try a lower lr")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
+                optimizer_step(model, opt, loss, cfg.grad_clip)
                 step += 1
                 loss_value = loss.item()
             ctx.progress.update(bar, advance=1, description=f"train {ctx.mixer} loss {loss_value:.3f}")
