@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # MQAR on one H200 (device tool, from the repo root, carry .whl): the graphed-step GPU tests,
-# one run alone per step mode for its steps/s, then a sweep file packed PACK runs to the GPU
-# until DEADLINE_S after the start. Records already in results/runs are copied in first, so
+# one run alone per step mode for its steps/s, then the sweep files of SWEEP (space-separated, in
+# turn) packed PACK runs to the GPU until DEADLINE_S after the start. Records already in results/runs are copied in first, so
 # the sweep resumes across calls. Records are tarred into $OUT every 20 s: a call cut short
 # keeps every run that finished.
 #   SWEEP=configs/mqar-paper.yaml DEADLINE_S=570 PACK=6 bash benchmarks/h200_mqar.sh
 # TESTS=0, ALONE=0 skip those parts; PROFILE=1 adds benchmarks/mqar_step_profile.py first
-# (PROFILE_BACKENDS=torch,triton to compare the backends, PROFILE_S its time limit).
+# (PROFILE_BACKENDS=torch,triton to compare the backends, PROFILE_PRECISIONS=highest,high fp32
+# against TF32 matmuls, PROFILE_S its time limit).
 set -o pipefail
 T0=$(date +%s)
 source benchmarks/device_preamble.sh
@@ -41,14 +42,18 @@ fi
 if [ "${PROFILE:-0}" != 0 ]; then
     echo "== step profile (zoology model, eager vs graphed, top kernels)"
     timeout "${PROFILE_S:-150}" python3 -m benchmarks.mqar_step_profile --out "$OUT/mqar_step_profile_h200.json" \
-        --backends "${PROFILE_BACKENDS:-torch}" 2>&1 | tail -n 20 | tee "$OUT/profile.log"
+        --backends "${PROFILE_BACKENDS:-torch}" --precisions "${PROFILE_PRECISIONS:-highest}" 2>&1 | tail -n 20 | tee "$OUT/profile.log"
 fi
-left=$(( DEADLINE_S - ($(date +%s) - T0) ))
-echo "== sweep $SWEEP, $PACK runs on the GPU, ${left}s"
-s=$(date +%s)
-timeout "$left" python3 -m harness.cli sweep "$SWEEP" --executor gpus --runs-per-gpu "$PACK" --results "$R/sweep" --no-wandb \
-    >"$OUT/sweep.log" 2>&1
-echo "sweep rc $? wall $(( $(date +%s) - s )) s" | tee -a "$OUT/sweep.log"
-tail -n 30 "$OUT/sweep.log"
+for sweep in $SWEEP; do
+    left=$(( DEADLINE_S - ($(date +%s) - T0) ))
+    [ "$left" -gt 30 ] || break
+    name=$(basename "$sweep" .yaml)
+    echo "== sweep $sweep, $PACK runs on the GPU, ${left}s"
+    s=$(date +%s)
+    timeout "$left" python3 -m harness.cli sweep "$sweep" --executor gpus --runs-per-gpu "$PACK" --results "$R/sweep" \
+        --no-wandb >"$OUT/sweep-$name.log" 2>&1
+    echo "sweep $name rc $? wall $(( $(date +%s) - s )) s" | tee -a "$OUT/sweep-$name.log"
+    tail -n 30 "$OUT/sweep-$name.log"
+done
 tar czf "$OUT/records.tgz" -C "$R" .
 for f in "$R"/sweep/.sweep/logs/*; do echo "== $f"; tail -n 3 "$f"; done 2>/dev/null | tail -n 60 >"$OUT/workers_tail.log"

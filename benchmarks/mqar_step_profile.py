@@ -2,7 +2,11 @@
 ms per step eager and replayed as a CUDA graph (steady state, after capture), and the
 kernels with the most CUDA time in an eager step (torch.profiler).
 
-    python -m benchmarks.mqar_step_profile --out results/bench/mqar_step_profile_h200.json [--backends torch,triton]
+    python -m benchmarks.mqar_step_profile --out results/bench/mqar_step_profile_h200.json \
+        [--backends torch,triton] [--precisions highest,high]
+
+It first times one LayerNorm forward and backward at a training batch's shape, torch's fused
+nn.LayerNorm against the model's (affine as tensor ops), side by side.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import torch
 from benchmarks.timing import save_record
 from harness.config import resolve_config
 from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw
-from tasks.common.model import MixerLM
+from tasks.common.model import LayerNorm, MixerLM
+from tasks.common.training import float32_matmul
 from tasks.mqar import MQAR
 from tasks.mqar_data import make_mqar
 
@@ -29,6 +34,25 @@ def _ms_per_step(step, n: int) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / n
+
+
+def layer_norm_ms(rows: int, width: int, reps: int = 50) -> dict:
+    """fwd+bwd ms of torch's fused LayerNorm and of the model's, on the same input, interleaved."""
+    x = torch.randn(rows, width, device="cuda", requires_grad=True)
+    grad = torch.randn(rows, width, device="cuda")
+    norms = {"torch.nn.LayerNorm": torch.nn.LayerNorm(width).cuda(), "tasks.common.model.LayerNorm": LayerNorm(width).cuda()}
+
+    def step(norm):
+        x.grad = None
+        norm.zero_grad(set_to_none=True)
+        norm(x).backward(grad)
+
+    times: dict[str, list[float]] = {name: [] for name in norms}
+    for _ in range(5):
+        for name, norm in norms.items():
+            step(norm)
+            times[name].append(_ms_per_step(lambda norm=norm: step(norm), reps))
+    return {"rows": rows, "width": width, **{name: float(np.median(t)) for name, t in times.items()}}
 
 
 def profile_mixer(mixer: str, backend: str, d_model: int, batch: int, seq_len: int, pairs: int, top: int) -> dict:
@@ -67,22 +91,29 @@ def main() -> None:
     parser.add_argument("--out", default="results/bench/mqar_step_profile.json")
     parser.add_argument("--mixers", default="gdn,softmax,deltanet,mesa")
     parser.add_argument("--backends", default="torch", help="comma-separated: torch, triton (softmax always torch)")
+    parser.add_argument("--precisions", default="highest",
+                        help="comma-separated float32 matmul precisions: highest (fp32), high (TF32)")
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
     record = {"what": __doc__.splitlines()[0], "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "python": platform.python_version(), "numpy": np.__version__,
               "shapes": "batch 256: T 256 with 64 pairs (the longest training setting) and T 64 with 4",
-              "runs": []}
+              "layer_norm_ms": layer_norm_ms(256 * 256, args.d_model), "runs": []}
+    print(f"LayerNorm fwd+bwd ms: {record['layer_norm_ms']}", flush=True)
+    save_record(record, args.out)
     for mixer in args.mixers.split(","):
         backends = ["torch"] if mixer == "softmax" else args.backends.split(",")
         for backend in backends:
-            for seq_len, pairs in ((256, 64), (64, 4)):
-                record["runs"].append(profile_mixer(mixer, backend, args.d_model, 256, seq_len, pairs, args.top))
-                save_record(record, args.out)
-                r = record["runs"][-1]
-                print(f"{mixer} {backend} T={seq_len}: eager {r['eager_ms']:.2f} ms, graph {r['graph_ms']:.2f} ms, "
-                      f"{r['kernel_launches']} launches, top {r['top_kernels'][0]['name'][:60]}", flush=True)
+            for precision in args.precisions.split(","):
+                for seq_len, pairs in ((256, 64), (64, 4)):
+                    with float32_matmul(precision):
+                        r = profile_mixer(mixer, backend, args.d_model, 256, seq_len, pairs, args.top)
+                    record["runs"].append({**r, "matmul_precision": precision})
+                    save_record(record, args.out)
+                    print(f"{mixer} {backend} {precision} T={seq_len}: eager {r['eager_ms']:.2f} ms, "
+                          f"graph {r['graph_ms']:.2f} ms, {r['kernel_launches']} launches, "
+                          f"top {r['top_kernels'][0]['name'][:60]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,14 @@ from tasks.base import RunContext, Task, TaskConfig, TaskResult, stage
 from tasks.common.checkpoint import CHECKPOINT_FILE, save_checkpoint
 from tasks.common.datacache import cached_arrays
 from tasks.common.model import UNGATED_OUTPUT, MixerLM, ModelConfig
-from tasks.common.training import TrainConfig, predict, step_details, train, uses_cuda_graph
+from tasks.common.training import (
+    TrainConfig,
+    float32_matmul,
+    predict,
+    step_details,
+    train,
+    uses_cuda_graph,
+)
 from tasks.lm_data import IdTokenizer
 from tasks.mqar_data import GENERATOR_VERSION, check_setting, make_mqar
 from tasks.registry import register_task
@@ -171,7 +178,7 @@ class MQAR(Task):
         scored: list[list[dict]] = []  # early stopping's per-epoch scores, the last one kept
 
         def evaluate() -> float:
-            with stage(ctx, "evaluating"):
+            with stage(ctx, "evaluating"), float32_matmul(cfg.optim.matmul_precision):
                 scored[:] = [score_settings(model, cfg, test_blocks, ctx.device)]
             return mean_accuracy(scored[0])
 

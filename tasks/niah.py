@@ -17,7 +17,14 @@ from tasks.base import RunContext, Task, TaskConfig, TaskResult, stage
 from tasks.common.datacache import cached_arrays
 from tasks.common.heatmap import HeatmapPanel, save_heatmaps
 from tasks.common.model import UNGATED_OUTPUT, MixerLM, ModelConfig
-from tasks.common.training import TrainConfig, predict, step_details, train, uses_cuda_graph
+from tasks.common.training import (
+    TrainConfig,
+    float32_matmul,
+    predict,
+    step_details,
+    train,
+    uses_cuda_graph,
+)
 from tasks.niah_data import (
     GENERATOR_VERSION,
     NIAHBlock,
@@ -148,7 +155,8 @@ class NIAH(Task):
                 batch = max(1, cfg.eval_tokens // length)
                 # torch.tensor copies: cached blocks are read-only arrays, which from_numpy would share
                 inputs, labels = torch.tensor(block.inputs), torch.tensor(block.labels)
-                correct = predict(model, inputs, labels, batch, ctx.device)
+                with float32_matmul(cfg.optim.matmul_precision):
+                    correct = predict(model, inputs, labels, batch, ctx.device)
                 ok = answer_correct(correct.numpy(), block.answer_ids, variant.num_answers)
                 bucket = np.abs(block.answer_depths[..., None] - depths).argmin(-1)
                 np.add.at(hits[li, vi], bucket.ravel(), ok.ravel())

@@ -5,10 +5,11 @@ recall positions. Shared by MQAR and NIAH so both tasks train the same way."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -46,6 +47,9 @@ class TrainConfig(BaseModel):
     cuda_graph: bool | Literal["auto"] = Field(
         False, description="replay each training step as a CUDA graph (one launch a step): true needs a CUDA "
         "device, auto uses graphs on CUDA and eager steps elsewhere")
+    matmul_precision: Literal["highest", "high"] = Field(
+        "highest", description="float32 matrix products while training and scoring: highest is true fp32 "
+        "(Zoology); high lets CUDA use TF32 tensor cores (10 mantissa bits per input, fp32 sums)")
 
     @field_validator("betas")
     @classmethod
@@ -120,6 +124,17 @@ def _optimizer(model: MixerLM, cfg: TrainConfig, graphed: bool = False,
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
 
 
+@contextlib.contextmanager
+def float32_matmul(precision: str) -> Iterator[None]:
+    """torch's float32 matmul precision set to `precision` inside the block, restored after."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def uses_cuda_graph(cfg: TrainConfig, device: torch.device) -> bool:
     """Whether training steps are graphed on `device`; true without CUDA is an error."""
     if cfg.cuda_graph is True and device.type != "cuda":
@@ -144,9 +159,16 @@ def train(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunContext,
     evaluate() -> accuracy runs after every epoch when cfg.early_stop is set (it is then
     required); training stops once it reaches cfg.early_stop. Logs loss and lr through ctx.log.
     With CUDA graphs (cfg.cuda_graph) the blocks move to the GPU once and the loss is read every
-    LOSS_READ_EVERY steps, so divergence is reported within that many steps."""
+    LOSS_READ_EVERY steps, so divergence is reported within that many steps. Matrix products run
+    at cfg.matmul_precision, the per-epoch evaluations included."""
     if cfg.early_stop is not None and evaluate is None:
         raise ValueError("optim.early_stop is set but this task has no evaluation to stop on")
+    with float32_matmul(cfg.matmul_precision):
+        return _train_epochs(model, blocks, cfg, ctx, evaluate)
+
+
+def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunContext,
+                  evaluate: Callable[[], float] | None) -> TrainStats:
     device = ctx.device
     graphed = uses_cuda_graph(cfg, device)
     steps_per_epoch = sum(math.ceil(x.shape[0] / cfg.batch_size) for x, _ in blocks)

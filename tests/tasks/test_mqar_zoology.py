@@ -680,3 +680,18 @@ def test_a_nan_weight_is_reported_as_divergence_not_as_an_op_error(tmp_path):
         model.blocks[0].mixer.a_proj.weight.fill_(float("nan"))
     with pytest.raises(TrainingDiverged, match="a_proj"):
         train(model, _toy_blocks(), TrainConfig(epochs=1, batch_size=4), _ctx(tmp_path))
+
+
+def test_matmul_precision_holds_in_training_and_evaluation_and_is_restored(tmp_path):
+    seen = []
+    before = torch.get_float32_matmul_precision()
+    cfg = TrainConfig(epochs=2, batch_size=4, early_stop=0.99, matmul_precision="high")
+    train(_small_lm(), _toy_blocks(), cfg, _ctx(tmp_path),
+          evaluate=lambda: seen.append(torch.get_float32_matmul_precision()) or 0.0)
+    assert seen == ["high", "high"]
+    assert torch.get_float32_matmul_precision() == before
+
+
+def test_matmul_precision_refuses_unknown_values():
+    with pytest.raises(ValueError, match="matmul_precision"):
+        TrainConfig(matmul_precision="medium")
