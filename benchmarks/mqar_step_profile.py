@@ -4,9 +4,6 @@ kernels with the most CUDA time in an eager step (torch.profiler).
 
     python -m benchmarks.mqar_step_profile --out results/bench/mqar_step_profile_h200.json \
         [--backends torch,triton] [--precisions highest,high]
-
-It first times one LayerNorm forward and backward at a training batch's shape, torch's fused
-nn.LayerNorm against the model's (affine as tensor ops), side by side.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ import torch
 from benchmarks.timing import save_record
 from harness.config import resolve_config
 from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw
-from tasks.common.model import LayerNorm, MixerLM
+from tasks.common.model import MixerLM
 from tasks.common.training import float32_matmul
 from tasks.mqar import MQAR
 from tasks.mqar_data import make_mqar
@@ -34,25 +31,6 @@ def _ms_per_step(step, n: int) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / n
-
-
-def layer_norm_ms(rows: int, width: int, reps: int = 50) -> dict:
-    """fwd+bwd ms of torch's fused LayerNorm and of the model's, on the same input, interleaved."""
-    x = torch.randn(rows, width, device="cuda", requires_grad=True)
-    grad = torch.randn(rows, width, device="cuda")
-    norms = {"torch.nn.LayerNorm": torch.nn.LayerNorm(width).cuda(), "tasks.common.model.LayerNorm": LayerNorm(width).cuda()}
-
-    def step(norm):
-        x.grad = None
-        norm.zero_grad(set_to_none=True)
-        norm(x).backward(grad)
-
-    times: dict[str, list[float]] = {name: [] for name in norms}
-    for _ in range(5):
-        for name, norm in norms.items():
-            step(norm)
-            times[name].append(_ms_per_step(lambda norm=norm: step(norm), reps))
-    return {"rows": rows, "width": width, **{name: float(np.median(t)) for name, t in times.items()}}
 
 
 def profile_mixer(mixer: str, backend: str, d_model: int, batch: int, seq_len: int, pairs: int, top: int) -> dict:
@@ -99,9 +77,7 @@ def main() -> None:
     record = {"what": __doc__.splitlines()[0], "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "python": platform.python_version(), "numpy": np.__version__,
               "shapes": "batch 256: T 256 with 64 pairs (the longest training setting) and T 64 with 4",
-              "layer_norm_ms": layer_norm_ms(256 * 256, args.d_model), "runs": []}
-    print(f"LayerNorm fwd+bwd ms: {record['layer_norm_ms']}", flush=True)
-    save_record(record, args.out)
+              "runs": []}
     for mixer in args.mixers.split(","):
         backends = ["torch"] if mixer == "softmax" else args.backends.split(",")
         for backend in backends:

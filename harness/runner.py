@@ -17,6 +17,7 @@ from harness.envinfo import device_name, git_commit, versions
 from harness.records import RunRecord, artifact_dir, write_record
 from harness.tracking import Tracker
 from tasks.base import NullProgress, Progress, RunContext, RunDiverged, RunOutOfMemory, Task, learned_metrics
+from tasks.common.resume import clear_state
 
 
 class DeviceError(ValueError):
@@ -57,6 +58,11 @@ def new_run_id(spec: RunSpec, chash: str) -> str:
     return f"{stamp}-{spec.task.name}-{spec.mixer}-{chash[:8]}-{secrets.token_hex(2)}"
 
 
+def resume_dir(results: Path, task: str, chash: str, device_type: str) -> Path:
+    """Where a run keeps its training state until its record is written: one folder per run key."""
+    return Path(results) / ".resume" / task / f"{chash}-{device_type}"
+
+
 def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress | None = None) -> tuple[RunRecord, Path]:
     """Run the task and write one record: ok, diverged (training became non-finite), oom (out of
     memory) or failed.
@@ -66,9 +72,10 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
     run_id = new_run_id(spec, chash)
     adir = artifact_dir(results, spec.task.name, run_id)
     torch.manual_seed(spec.seed)
+    resume = resume_dir(results, spec.task.name, chash, spec.device.type)
     ctx = RunContext(
         mixer=spec.mixer, config=spec.config, device=spec.device, seed=spec.seed, artifact_dir=adir,
-        progress=progress or NullProgress(), log=tracker.log,
+        resume_dir=resume, progress=progress or NullProgress(), log=tracker.log,
     )
     # the source as it was when the run began (a tree edited during a long run must not relabel it)
     commit, started, t0 = git_commit(), _now(), time.perf_counter()
@@ -102,5 +109,7 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
         duration_s=time.perf_counter() - t0, status=status, error=error,
     )
     path = write_record(results, record)
+    if status in ("ok", "diverged"):  # done for good; a failed or oom run may resume on a retry
+        clear_state(resume)
     tracker.finish({**record.metrics, "status": status, "backend": backend or ""}, failed=status != "ok")
     return record, path

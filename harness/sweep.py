@@ -248,18 +248,50 @@ class KeyRecords:
 
 
 def key_records(results: Path, point: SweepPoint) -> KeyRecords:
-    """Records under `results` whose config hash and device type are the point's."""
+    """Records under `results` whose config hash (as today's config classes resolve the record's
+    config) and device type are the point's. A record written before a config field existed
+    counts as that field's default: adding an option with a default does not orphan old runs."""
     ok, failed = [], []
-    # run ids embed the first 8 characters of the config hash (harness.runner.new_run_id)
-    for path in sorted((runs_dir(results) / point.task).glob(f"*{point.config_hash[:8]}*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+    for path in sorted((runs_dir(results) / point.task).glob("*.json")):
+        found = _record_key(path)
+        if found is None or found[0] != point.config_hash or found[1] != point.device_type:
             continue
-        if data.get("config_hash") != point.config_hash or device_type_of(str(data.get("device", ""))) != point.device_type:
-            continue
-        (ok if data.get("status") in ("ok", "diverged") else failed).append(path)
+        (ok if found[2] in ("ok", "diverged") else failed).append(path)
     return KeyRecords(tuple(ok), tuple(failed))
+
+
+_record_keys: dict[Path, tuple[int, tuple[str, str, str] | None]] = {}
+
+
+def _record_key(path: Path) -> tuple[str, str, str] | None:
+    """(config hash under today's config classes, device type, status) of a record, cached by
+    modification time; None for a file that is no record or whose config no longer resolves."""
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    cached = _record_keys.get(path)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    key = None
+    try:
+        data = json.loads(path.read_text())
+        key = (_current_hash(data), device_type_of(str(data.get("device", ""))), str(data.get("status")))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        key = None
+    _record_keys[path] = (mtime, key)
+    return key
+
+
+def _current_hash(data: dict[str, Any]) -> str:
+    from tasks import UnknownTaskError, get_task
+
+    try:
+        task = get_task(data["task"])
+        config = task.Config(**data["config"]).model_dump(mode="json")
+    except (UnknownTaskError, ValidationError):
+        return str(data.get("config_hash"))
+    return config_hash(data["mixer"], data["task"], config, int(data["seed"]))
 
 
 # -- claims: one process runs a key at a time ------------------------------------------

@@ -53,6 +53,7 @@ class RunContext:
     device: torch.device
     seed: int
     artifact_dir: Path  # plots and other files go here, next to the record
+    resume_dir: Path | None = None  # training state between epochs (tasks.common.resume); None: not saved
     progress: Progress = field(default_factory=NullProgress)
     log: Callable[[dict[str, float], int | None], None] = lambda metrics, step=None: None
 

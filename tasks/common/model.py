@@ -89,19 +89,9 @@ class Block(nn.Module):
         return self.finish(x + self.mixer(self.norm1(x)))
 
 
-class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm with its scale and shift applied as plain tensor ops: the same maths and
-    parameters, but the weight and bias gradients come from torch's reductions, where the fused
-    CUDA kernel's gamma/beta backward is slow for many short rows (an MQAR batch is 65,536 rows of
-    128; benchmarks/mqar_step_profile.py measures both)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.normalized_shape, None, None, self.eps) * self.weight + self.bias
-
-
 def _norm(config: ModelConfig) -> nn.Module:
     if config.norm == "layer":
-        return LayerNorm(config.d_model, eps=1e-5)
+        return nn.LayerNorm(config.d_model, eps=1e-5)
     return nn.RMSNorm(config.d_model, eps=1e-6)
 
 

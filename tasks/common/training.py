@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tasks.base import RunContext, RunDiverged
 from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw, optimizer_step, set_lr
 from tasks.common.model import MixerLM
+from tasks.common.resume import SavedProgress, load_state, save_state
 
 LOSS_READ_EVERY = 25  # graphed steps between host reads of the loss
 
@@ -77,6 +78,7 @@ class TrainStats:
     step_mode: str = "eager"  # "eager" or "cuda_graph"
     graph_steps: int = 0  # steps replayed from a CUDA graph (the rest ran eagerly)
     graphs: int = 0  # batch shapes captured
+    resumed_at_epoch: int | None = None  # epochs a previous, cut-short run had finished (tasks.common.resume)
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig, epoch: int = 0) -> float:
@@ -179,11 +181,21 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
         scored_per_row = [(y != -100).sum(1) for _, y in blocks]  # on the host: no sync per batch
         blocks = [(x.to(device), y.to(device)) for x, y in blocks]
     gen = torch.Generator().manual_seed(ctx.seed)
-    bar = ctx.progress.add_task(f"train {ctx.mixer}", total=total)
-    model.train()
-    start, step, loss_value = time.perf_counter(), 0, float("nan")
+    step, loss_value = 0, float("nan")
     stats = TrainStats(steps=0, final_loss=loss_value, train_time_s=0.0, step_mode="cuda_graph" if graphed else "eager")
-    for epoch in range(cfg.epochs):
+    saved = load_state(ctx.resume_dir, model, opt, gen, total, device)
+    done_before = 0.0  # training seconds of the runs this one resumes
+    if saved is not None:
+        step, loss_value, done_before = saved.step, saved.loss, saved.train_time_s
+        stats.epochs, stats.eval_time_s, stats.eval_curve = saved.epoch, saved.eval_time_s, list(saved.eval_curve)
+        stats.stop_reason, stats.resumed_at_epoch, stats.graph_steps = saved.stop_reason, saved.epoch, saved.graph_steps
+    first_epoch = stats.epochs if stats.stop_reason == "epochs" else cfg.epochs
+    start, eval_before = time.perf_counter(), stats.eval_time_s
+    bar = ctx.progress.add_task(f"train {ctx.mixer}", total=total)
+    if step:
+        ctx.progress.update(bar, completed=step, description=f"train {ctx.mixer} (resumed at epoch {stats.epochs})")
+    model.train()
+    for epoch in range(first_epoch, cfg.epochs):
         batches = epoch_batches(blocks, cfg.batch_size, gen)
         if graphed:
             # One host-to-device copy of the epoch's row indices instead of one per batch.
@@ -228,19 +240,27 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
             ctx.progress.update(bar, description=f"train {ctx.mixer} epoch {epoch + 1} accuracy {accuracy:.3f}")
             if accuracy >= cfg.early_stop:
                 stats.stop_reason = "early_stop"
-                break
+        if ctx.resume_dir is not None:
+            save_state(ctx.resume_dir, model, opt, gen, total, SavedProgress(
+                epoch=stats.epochs, step=step, loss=loss_value, eval_time_s=stats.eval_time_s,
+                train_time_s=done_before + time.perf_counter() - start - (stats.eval_time_s - eval_before),
+                eval_curve=stats.eval_curve, stop_reason=stats.stop_reason,
+                graph_steps=stats.graph_steps + (runner.graph_steps if runner is not None else 0)))
+        if stats.stop_reason == "early_stop":
+            break
     ctx.progress.remove_task(bar)
     stats.steps, stats.final_loss = step, loss_value
     if runner is not None:
-        stats.graph_steps, stats.graphs = runner.graph_steps, len(runner.captured)
-    stats.train_time_s = time.perf_counter() - start - stats.eval_time_s
+        stats.graph_steps, stats.graphs = stats.graph_steps + runner.graph_steps, len(runner.captured)
+    stats.train_time_s = done_before + time.perf_counter() - start - (stats.eval_time_s - eval_before)
     return stats
 
 
 def step_details(stats: TrainStats) -> dict[str, object]:
     """How the training steps ran, for a record's details."""
     return {"mode": stats.step_mode, "steps": stats.steps, "graph_steps": stats.graph_steps, "graphs": stats.graphs,
-            "steps_per_s": stats.steps / stats.train_time_s if stats.train_time_s > 0 else None}
+            "steps_per_s": stats.steps / stats.train_time_s if stats.train_time_s > 0 else None,
+            "resumed_at_epoch": stats.resumed_at_epoch}
 
 
 def _read_loss(loss: torch.Tensor, step: int, epoch: int) -> float:

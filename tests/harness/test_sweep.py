@@ -263,3 +263,26 @@ def test_worker_that_dies_mid_run_gets_a_failed_record(tmp_path, nap):
     recs = {r["config_hash"]: r for r in _records(res)}
     assert recs[crashed.config_hash]["status"] == "failed" and recs[crashed.config_hash]["device"].startswith("cpu")
     assert len(recs) == 2
+
+
+def test_a_record_from_before_a_new_option_still_counts_as_done(tmp_path):
+    """A record written before optim.matmul_precision existed is that option's default."""
+    from harness.sweep import key_records
+
+    sweep = _write(tmp_path / "s.yaml", "mixers: [linear]\ngrid:\n  - tasks: [mqar]\n    presets: [tiny]\n")
+    point = expand(load_sweep(sweep), "cpu").points[0]
+    old_config = json.loads(json.dumps(point.config))
+    del old_config["optim"]["matmul_precision"]
+    old_hash = config_hash(point.mixer, "mqar", old_config, point.seed)
+    assert old_hash != point.config_hash
+    folder = tmp_path / "res" / "runs" / "mqar"
+    folder.mkdir(parents=True)
+    record = {"task": "mqar", "mixer": point.mixer, "seed": point.seed, "config": old_config,
+              "config_hash": old_hash, "device": "cpu (x86_64)", "status": "ok"}
+    (folder / f"20260101T000000-mqar-linear-{old_hash[:8]}-0000.json").write_text(json.dumps(record))
+    (folder / "not-a-record.json").write_text("{")
+    assert len(key_records(tmp_path / "res", point).ok) == 1
+    changed = {**record, "config": {**old_config, "vocab_size": old_config["vocab_size"] * 2}}
+    (folder / f"20260101T000000-mqar-linear-{old_hash[:8]}-0000.json").unlink()
+    (folder / f"20260101T000001-mqar-linear-{old_hash[:8]}-0001.json").write_text(json.dumps(changed))
+    assert key_records(tmp_path / "res", point).ok == ()
