@@ -16,9 +16,11 @@ from rich.table import Table
 from harness.progress import make_progress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark and evaluate sequence mixers.")
-# Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns.
-console = Console(width=None if Console().is_terminal else 160)
-err_console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
+# Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns, unless
+# COLUMNS says how wide it is.
+_PIPED_WIDTH = None if os.environ.get("COLUMNS", "").isdigit() else 160
+console = Console(width=None if Console().is_terminal else _PIPED_WIDTH)
+err_console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else _PIPED_WIDTH)
 
 # Hugging Face libraries stay offline unless the user says otherwise.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -102,6 +104,7 @@ def run_cmd(
     config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file of config overrides"),
     results: Path = typer.Option(Path("results"), "--results", help="results directory"),
     no_wandb: bool = typer.Option(False, "--no-wandb", help="do not log to wandb"),
+    log_every: int = typer.Option(50, "--log-every", min=1, help="training steps between logged loss/lr points"),
 ) -> None:
     """Run a task for one or more mixers; writes one record per (mixer, task)."""
     from harness.config import ConfigError, check_task_config, check_task_takes, resolve_config, validate_mixer_options
@@ -127,7 +130,7 @@ def run_cmd(
     except (UnknownMixerError, UnknownTaskError, DeviceError, ConfigError, ValueError) as e:
         raise fail(str(e)) from None
 
-    tracker = Tracker(enabled=not no_wandb)
+    tracker = Tracker(enabled=not no_wandb, log_every=log_every)
     rows, failed = [], 0
     with _progress() as progress:
         overall = progress.add_task(f"{task} ({preset}) on {dev}", total=len(names))
@@ -177,6 +180,26 @@ def _print_results(rows, task_cls) -> None:
                               f"level ({rec.metrics['chance_loss']:.3f}): the model did not learn the task")
 
 
+def _cell(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else "–"
+
+
+def _fitting_columns(board, width: int) -> list[str]:
+    """The board's key columns that fit `width` beside mixer, runs and a 16-wide config column."""
+    def wide(header: str, cells: list[str]) -> int:
+        return max([len(header), *(len(c) for c in cells)]) + 3
+
+    used = wide("mixer", [f"{r['mixer']} (at chance)" for r in board.rows]) + wide("runs", []) + 16 + 4
+    fits = []
+    for col in board.key_columns():
+        need = wide(col, [_cell(r[col]) for r in board.rows])
+        if fits and used + need > width:
+            break
+        fits.append(col)
+        used += need
+    return fits
+
+
 @app.command("leaderboard")
 def leaderboard_cmd(
     results: Path = typer.Option(Path("results"), "--results", help="results directory"),
@@ -188,13 +211,22 @@ def leaderboard_cmd(
         raise fail(f"--results {results} is not a directory (records live under <results>/runs)")
     boards, count = build_boards(results)
     for b in boards:
-        table = Table(title=b.title)
-        for col in ("mixer", *b.columns, "backend", "runs", "config"):
-            table.add_column(col)
+        # The terminal gets the key metrics; every column is in LEADERBOARD.md and the dashboard.
+        key = _fitting_columns(b, console.width)
+        table = Table(title=b.title, title_justify="left")
+        table.add_column("mixer", no_wrap=True)
+        for col in key:
+            table.add_column(col.removeprefix("accuracy_") if col != b.metric else col, justify="right", no_wrap=True)
+        table.add_column("runs", justify="right", no_wrap=True)
+        table.add_column("config", overflow="fold", ratio=1)
         for row in b.rows:
-            table.add_row(row["mixer"], *(f"{row[c]:.4g}" if isinstance(row[c], float) else "–" for c in b.columns),
-                          row["backend"] or "–", str(row["runs"]), row["config"])
+            mixer = f"{row['mixer']} (at chance)" if row.get("learned") == 0.0 else row["mixer"]
+            table.add_row(mixer, *(_cell(row[c]) for c in key),
+                          str(row["runs"]), row["config"])
         console.print(table)
+        hidden = len(b.columns) - len(key)
+        if hidden:
+            console.print(f"[dim]{hidden} more column(s) of this table in LEADERBOARD.md[/]")
     out = Path(results) / "LEADERBOARD.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".md.tmp")

@@ -29,6 +29,11 @@ class Board:
     columns: list[str]
     rows: list[dict[str, Any]] = field(default_factory=list)
 
+    def key_columns(self, most: int = 4) -> list[str]:
+        """The columns a narrow terminal shows: the ranking metric and the task's shown metrics."""
+        shown = [c for c in self.columns if c == self.metric or not c.startswith(f"{self.metric}_")]
+        return shown[:most]
+
     @property
     def title(self) -> str:
         return f"{self.task} · preset {self.preset} · {self.device} · setting {self.setting}"

@@ -45,6 +45,7 @@ class RunRecord(BaseModel):
     duration_s: float
     status: Literal["ok", "failed", "diverged", "oom"]  # diverged: training became non-finite; oom: out of memory
     error: str | None = None
+    wandb: dict[str, str] | None = None  # the wandb run: id, path (entity/project/id), local folder
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(by_alias=True), indent=1, sort_keys=False, default=_jsonable)

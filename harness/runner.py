@@ -15,8 +15,9 @@ from pydantic import BaseModel
 from harness.config import config_hash
 from harness.envinfo import device_name, git_commit, versions
 from harness.records import RunRecord, artifact_dir, write_record
-from harness.tracking import Tracker
+from harness.tracking import Tracker, table_rows
 from tasks.base import NullProgress, Progress, RunContext, RunDiverged, RunOutOfMemory, Task, learned_metrics
+from tasks.common.checkpoint import CHECKPOINT_FILE
 from tasks.common.resume import clear_state
 
 
@@ -75,14 +76,16 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
     resume = resume_dir(results, spec.task.name, chash, spec.device.type)
     ctx = RunContext(
         mixer=spec.mixer, config=spec.config, device=spec.device, seed=spec.seed, artifact_dir=adir,
-        resume_dir=resume, progress=progress or NullProgress(), log=tracker.log,
+        resume_dir=resume, progress=progress or NullProgress(), log=tracker.log, log_every=tracker.log_every,
     )
     # the source as it was when the run began (a tree edited during a long run must not relabel it)
     commit, started, t0 = git_commit(), _now(), time.perf_counter()
-    tracker.start(
-        name=run_id, group=f"{spec.task.name}/{spec.preset}",
-        config={"mixer": spec.mixer, "task": spec.task.name, "preset": spec.preset, "seed": spec.seed, **config},
-        tags=[spec.task.name, spec.mixer, spec.device.type],
+    tracking = tracker.start(
+        name=f"{spec.mixer}·{spec.task.name}·s{spec.seed}·{chash[:8]}", group=f"{spec.task.name}/{spec.preset}",
+        config={"mixer": spec.mixer, "task": spec.task.name, "preset": spec.preset, "seed": spec.seed,
+                "device": device_name(spec.device), "versions": versions(), "git_commit": commit,
+                "record": f"runs/{spec.task.name}/{run_id}.json", **config},
+        tags=[spec.task.name, spec.mixer, spec.device.type], job_type=spec.task.name,
     )
     metrics, details, artifacts, backend, error = {}, {}, [], None, None
     try:
@@ -106,10 +109,14 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
         config=config, metrics={k: float(v) for k, v in metrics.items()}, details=details,
         artifacts=[f"{run_id}/{a}" for a in artifacts], backend=backend, device=device_name(spec.device),
         versions=versions(), git_commit=commit, seed=spec.seed, started=started, finished=_now(),
-        duration_s=time.perf_counter() - t0, status=status, error=error,
+        duration_s=time.perf_counter() - t0, status=status, error=error, wandb=tracking,
     )
     path = write_record(results, record)
     if status in ("ok", "diverged"):  # done for good; a failed or oom run may resume on a retry
         clear_state(resume)
+    tracker.log_outputs(
+        images=[adir / a for a in artifacts if a.endswith(".png") and (adir / a).is_file()],
+        tables={k: rows for k, v in details.items() if (rows := table_rows(v)) is not None})
+    tracker.log_record(path, run_id, adir / CHECKPOINT_FILE if CHECKPOINT_FILE in artifacts else None)
     tracker.finish({**record.metrics, "status": status, "backend": backend or ""}, failed=status != "ok")
     return record, path

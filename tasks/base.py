@@ -56,6 +56,7 @@ class RunContext:
     resume_dir: Path | None = None  # training state between epochs (tasks.common.resume); None: not saved
     progress: Progress = field(default_factory=NullProgress)
     log: Callable[[dict[str, float], int | None], None] = lambda metrics, step=None: None
+    log_every: int = 50  # training steps between logged points
 
 
 @contextlib.contextmanager

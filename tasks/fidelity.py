@@ -169,7 +169,6 @@ class Fidelity(Task):
                 metrics[f"rel_err_{op}_std{_tag(std)}"] = gaussian[op][std][-1]
             metrics[f"swap_accuracy_{op}"] = accuracy[op]
         metrics.update(softmax_train_time_s=stats.train_time_s, softmax_final_loss=stats.final_loss)
-        ctx.log({f"test/{k}": v for k, v in metrics.items()}, None)
 
         ctx.artifact_dir.mkdir(parents=True, exist_ok=True)
         self._plot(cfg, family, gaussian, trained, ctx.mixer, ctx.artifact_dir / CURVES_FILE)

@@ -86,7 +86,6 @@ class LM(Task):
             "params": float(model.num_parameters()), "state_size": float(model.state_size(cfg.seq_len)),
             "train_time_s": stats.train_time_s, "final_loss": stats.final_loss, "train_steps": float(stats.steps),
         }
-        ctx.log({f"val/{k}": v for k, v in metrics.items()}, stats.steps)
         details = {
             "corpus": [str(p) for p in corpus_files(cfg.corpus)],
             "documents": {"train": len(train_docs), "validation": len(val_docs)},

@@ -199,7 +199,6 @@ class MQAR(Task):
         )
         if stats.eval_curve:
             metrics["eval_time_s"] = stats.eval_time_s
-        ctx.log({f"test/{k}": v for k, v in metrics.items()}, stats.steps)
         backends = sorted(set(model.backends()))
         artifacts = []
         if cfg.save_checkpoint:

@@ -169,7 +169,6 @@ class NIAH(Task):
             params=float(model.num_parameters()), state_size=float(model.state_size(max(cfg.test_lengths))),
             train_time_s=stats.train_time_s, final_loss=stats.final_loss, train_steps=float(stats.steps),
         )
-        ctx.log({f"test/{k}": v for k, v in metrics.items()}, stats.steps)
         ctx.artifact_dir.mkdir(parents=True, exist_ok=True)
         self._plot(cfg, ctx.mixer, hits, counts, ctx.artifact_dir / HEATMAP_FILE)
         cells = [

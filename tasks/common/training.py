@@ -212,7 +212,7 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
                 except ValueError as e:
                     raise _diverged_from(e, model, step, epoch) from e
                 step += 1
-                if step % LOSS_READ_EVERY == 0 or step == total:
+                if step % LOSS_READ_EVERY == 0 or step % ctx.log_every == 0 or step == total:
                     loss_value = _read_loss(loss, step, epoch)
             else:
                 x, y = inputs[idx].to(device), labels[idx].to(device)
@@ -226,7 +226,7 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
                 step += 1
                 loss_value = loss.item()
             ctx.progress.update(bar, advance=1, description=f"train {ctx.mixer} loss {loss_value:.3f}")
-            if step % 50 == 0 or step == total:
+            if step % ctx.log_every == 0 or step == total:
                 ctx.log({"train/loss": loss_value, "train/lr": lr_at(step - 1, total, cfg, epoch)}, step)
         if graphed:
             loss_value = _read_loss(loss, step, epoch)

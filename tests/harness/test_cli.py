@@ -1,7 +1,6 @@
 """The CLI end to end: errors with exit code 2 and no record, a real tiny run, leaderboard, wandb."""
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.harness.wandb_log import wait_for_exit
 
 runner = CliRunner()
 
@@ -77,19 +77,16 @@ def test_tiny_run_records_leaderboard_and_wandb(tmp_path):
         assert r["config"]["model"]["d_model"] == 32
         assert r["device"].startswith("cpu")
         assert r["versions"]["torch"] == torch.__version__
-    # one wandb offline run per record, holding the logged metrics (the .wandb log is
-    # protobuf, where metric names appear as plain strings)
+    # one wandb offline run per record, named after it, with the final metrics in its summary
     logs = list((tmp_path / "wandb").rglob("offline-run-*/run-*.wandb"))
     assert len(logs) == 2
+    ids = {r["wandb"]["id"] for r in recs}
     for log in logs:
-        # wandb's service process writes the log; on a loaded machine it can land a moment
-        # after run.finish() returns, so wait for it (bounded) before reading.
-        deadline = time.monotonic() + 60
-        blob = log.read_bytes()
-        while not (b"test/accuracy" in blob and b"train/loss" in blob) and time.monotonic() < deadline:
-            time.sleep(0.5)
-            blob = log.read_bytes()
-        assert b"test/accuracy" in blob and b"train/loss" in blob, f"{log} holds {len(blob)} bytes"
+        records = wait_for_exit(log)
+        (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+        assert run.run_id in ids
+        summary = {i.key for r in records if r.WhichOneof("record_type") == "summary" for i in r.summary.update}
+        assert "accuracy" in summary and "test/accuracy" not in summary
 
     out = runner.invoke(app, ["leaderboard", "--results", str(res)])
     assert out.exit_code == 0, out.output
@@ -106,3 +103,42 @@ def test_diverging_run_writes_diverged_record(tmp_path):
     (rec,) = [json.loads(p.read_text()) for p in _records(res)]
     assert rec["status"] == "diverged" and "TrainingDiverged" in rec["error"]
     assert "1 of 1 run(s) diverged" in out.output
+
+
+def test_wandb_run_holds_config_curve_image_and_record(tmp_path):
+    """The offline run read back: config with device, versions and commit; a loss curve of
+    several points; the heatmap as an image; the record as an artifact; names both ways."""
+    res = tmp_path / "res"
+    out = runner.invoke(app, ["run", "--mixer", "linear", "--task", "niah", "--preset", "tiny", "--device", "cpu",
+                              "--results", str(res), "--log-every", "1"])
+    assert out.exit_code == 0, out.output
+    (path,) = _records(res)
+    rec = json.loads(path.read_text())
+    (log,) = (tmp_path / "wandb").rglob("offline-run-*/run-*.wandb")
+    records = wait_for_exit(log)
+    kinds = [r.WhichOneof("record_type") for r in records]
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.display_name == f"linear·niah·s0·{rec['config_hash'][:8]}" and run.job_type == "niah"
+    assert rec["wandb"]["id"] == run.run_id and rec["wandb"]["path"].endswith(run.run_id)
+    config = {i.key: json.loads(i.value_json) for i in run.config.update}
+    assert config["device"] == rec["device"] and config["git_commit"] == rec["git_commit"]
+    assert config["versions"]["torch"] == torch.__version__
+    assert config["record"] == f"runs/niah/{rec['run_id']}.json"
+    assert config["optim"] == rec["config"]["optim"]
+    history = [{i.key or "/".join(i.nested_key): i.value_json for i in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    loss_steps = [int(h["_step"]) for h in history if "train/loss" in h]
+    assert len(loss_steps) > 1 and loss_steps == sorted(set(loss_steps))
+    assert any(k.startswith("plots/niah_heatmap") for h in history for k in h)
+    assert list((log.parent / "files" / "media" / "images").rglob("niah_heatmap*.png"))
+    artifacts = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
+    (record_artifact,) = [a for a in artifacts if a.type == "run-record"]
+    assert record_artifact.name == f"record-{rec['run_id']}"
+    assert [e.path for e in record_artifact.manifest.contents] == [path.name]
+    assert "exit" in kinds
+
+
+def test_log_every_must_be_positive(tmp_path):
+    out = runner.invoke(app, ["run", "--mixer", "linear", "--task", "mqar", "--preset", "tiny", "--log-every", "0",
+                              "--results", str(tmp_path / "res"), "--no-wandb"])
+    assert out.exit_code == 2 and "log-every" in out.output

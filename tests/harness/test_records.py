@@ -155,3 +155,12 @@ def test_sigterm_stops_a_run_like_ctrl_c(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
     assert not list((tmp_path / "res" / "runs").rglob("*.json")) and not list((tmp_path / "res").rglob("*.tmp"))
+
+
+def test_table_rows_takes_lists_of_flat_dicts_only():
+    from harness.tracking import table_rows
+
+    rows = [{"T": 512, "ms": 0.4, "status": "ok"}, {"T": 1024, "ms": None}]
+    assert table_rows(rows) == rows
+    assert table_rows([]) is None and table_rows({"T": 1}) is None and table_rows([1, 2]) is None
+    assert table_rows([{"T": 1, "nested": {"a": 1}}]) is None
