@@ -16,11 +16,9 @@ from rich.table import Table
 from harness.progress import make_progress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark and evaluate sequence mixers.")
-# Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns, unless
-# COLUMNS says how wide it is.
-_PIPED_WIDTH = None if os.environ.get("COLUMNS", "").isdigit() else 160
-console = Console(width=None if Console().is_terminal else _PIPED_WIDTH)
-err_console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else _PIPED_WIDTH)
+# Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns.
+console = Console(width=None if Console().is_terminal else 160)
+err_console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
 
 # Hugging Face libraries stay offline unless the user says otherwise.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -210,9 +208,12 @@ def leaderboard_cmd(
     if not Path(results).is_dir():
         raise fail(f"--results {results} is not a directory (records live under <results>/runs)")
     boards, count = build_boards(results)
+    # Piped, the tables take COLUMNS when it is set (they are the one output sized to a screen).
+    columns = os.environ.get("COLUMNS", "")
+    out_console = Console(width=int(columns)) if not console.is_terminal and columns.isdigit() else console
     for b in boards:
         # The terminal gets the key metrics; every column is in LEADERBOARD.md and the dashboard.
-        key = _fitting_columns(b, console.width)
+        key = _fitting_columns(b, out_console.width)
         table = Table(title=b.title, title_justify="left")
         table.add_column("mixer", no_wrap=True)
         for col in key:
@@ -223,10 +224,10 @@ def leaderboard_cmd(
             mixer = f"{row['mixer']} (at chance)" if row.get("learned") == 0.0 else row["mixer"]
             table.add_row(mixer, *(_cell(row[c]) for c in key),
                           str(row["runs"]), row["config"])
-        console.print(table)
+        out_console.print(table)
         hidden = len(b.columns) - len(key)
         if hidden:
-            console.print(f"[dim]{hidden} more column(s) of this table in LEADERBOARD.md[/]")
+            out_console.print(f"[dim]{hidden} more column(s) of this table in LEADERBOARD.md[/]")
     out = Path(results) / "LEADERBOARD.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".md.tmp")

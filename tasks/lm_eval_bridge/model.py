@@ -35,6 +35,17 @@ DEFAULT_MAX_LENGTH = 2048
 class HarnessLM(LM):
     """lm-eval's LM interface over a harness checkpoint (a path or a loaded Checkpoint)."""
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> HarnessLM:
+        return cls.create_from_arg_obj(lm_utils.simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> HarnessLM:
+        """--model_args win; lm-eval's generic options (--device, --batch_size) fill only what
+        they leave unset."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
+
     def __init__(
         self,
         checkpoint: str | Path | Checkpoint,
@@ -48,6 +59,8 @@ class HarnessLM(LM):
         super().__init__()
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} but there is no CUDA device here; use device=cpu or auto")
         self._device = torch.device(device)
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint, self._device)
         self.checkpoint = ckpt

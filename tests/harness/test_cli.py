@@ -142,3 +142,19 @@ def test_log_every_must_be_positive(tmp_path):
     out = runner.invoke(app, ["run", "--mixer", "linear", "--task", "mqar", "--preset", "tiny", "--log-every", "0",
                               "--results", str(tmp_path / "res"), "--no-wandb"])
     assert out.exit_code == 2 and "log-every" in out.output
+
+
+def test_leaderboard_fits_100_columns(tmp_path, monkeypatch):
+    """The committed records' boards at COLUMNS=100: no line wider, no column cut to a bare '…'."""
+    import shutil
+
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copytree(repo / "results" / "runs", tmp_path / "res" / "runs")
+    monkeypatch.setenv("COLUMNS", "100")
+    out = runner.invoke(app, ["leaderboard", "--results", str(tmp_path / "res")])
+    assert out.exit_code == 0, out.output
+    lines = [line for line in out.output.splitlines() if set(line) & set("│┃┏┗┡└")]  # the tables' lines
+    assert lines and max(len(line) for line in lines) <= 100
+    cells = [c.strip() for line in lines for c in line.replace("┃", "│").split("│")]
+    assert "…" not in cells and not any(c.endswith("…") for c in cells)
+    assert "mqar · preset zoology" in out.output and "more column(s) of this table in LEADERBOARD.md" in out.output

@@ -134,3 +134,30 @@ def test_harness_eval_errors(mqar_checkpoint, tmp_path, monkeypatch):
     out = CliRunner().invoke(cli, ["eval", "--checkpoint", str(path), "--tasks", "harness_mqar", "--results", str(tmp_path)])
     assert out.exit_code == 2 and "pip install -e '.[lm-eval]'" in out.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_lm_eval_own_cli_scores_a_harness_checkpoint(mqar_checkpoint, tmp_path):
+    """`python -m harness.lm_eval run --model harness ...`: lm-eval's command line, in its own
+    process, finds our model by name and gives the accuracy the model's greedy tokens give."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path, _ = mqar_checkpoint
+    lm = HarnessLM(str(path))
+    folder = export_task("harness_mqar", DataSources.for_checkpoint(lm.checkpoint.meta), tmp_path / "tasks")
+    out_dir = tmp_path / "out"
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.lm_eval", "run", "--model", "harness",
+         "--model_args", f"checkpoint={path},device=cpu", "--tasks", "harness_mqar", "--include_path", str(folder),
+         "--limit", str(LIMIT), "--output_path", str(out_dir)],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (results_file,) = out_dir.rglob("results_*.json")
+    acc = json.loads(results_file.read_text())["results"]["harness_mqar"]["acc,none"]
+    docs = _first_docs(folder, LIMIT)
+    greedy = [g for _, g in lm.score([(lm.context_tokens(d["prompt"]), lm.tokenizer.encode(" " + d["target"])) for d in docs])]
+    assert acc == pytest.approx(sum(greedy) / LIMIT)
