@@ -7,20 +7,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
 from pydantic import Field, model_validator
 
 from tasks.base import RunContext, RunOutOfMemory, Task, TaskResult
 from tasks.common.layer_config import LayerTaskConfig
-from tasks.common.memprobe import MixerFwdBwd, Probe, peak_memory
+from tasks.common.memprobe import MixerFwdBwd, MixerPrefillState, Probe, peak_memory
 from tasks.common.plots import plot_memory, plot_state_bytes
 from tasks.common.timing import cpu_threads
 from tasks.common.workloads import (
-    DTYPES,
     build_layer,
-    describe,
-    free_memory,
-    is_oom,
 )
 from tasks.registry import register_task
 
@@ -74,7 +69,7 @@ class Memory(Task):
 
     def run(self, ctx: RunContext) -> TaskResult:
         cfg: MemoryConfig = ctx.config
-        device, dtype = ctx.device, DTYPES[cfg.dtype]
+        device = ctx.device
         spec, soft_spec = cfg.layer_spec(cfg.mixer), cfg.layer_spec(cfg.softmax)
         models = [(ctx.mixer, spec)]
         if cfg.compare_softmax and not (ctx.mixer == "softmax" and cfg.softmax == cfg.mixer):
@@ -91,7 +86,7 @@ class Memory(Task):
                 ctx.progress.advance(bar)
             mixer = build_layer(ctx.mixer, spec, device, ctx.seed)
             softmax = build_layer("softmax", soft_spec, device, ctx.seed)
-            states = [_state_row(mixer, softmax, T, device, dtype) for T in cfg.lengths()]
+            states = self._decode_states(cfg, ctx.mixer, mixer, softmax, spec, soft_spec, device, ctx.seed)
         ctx.progress.advance(bar)
         ctx.progress.remove_task(bar)
 
@@ -107,6 +102,19 @@ class Memory(Task):
         }
         return TaskResult(metrics=_metrics(points, states, fits, ctx.mixer, cfg), backend=mixer.backend_used or "",
                           details=details, artifacts=artifacts)
+
+    @staticmethod
+    def _decode_states(cfg: MemoryConfig, name: str, mixer, softmax, spec, soft_spec, device, seed: int) -> list[dict]:
+        """The decode-state stage as probes: on the CPU each prefill runs in a child process
+        under the max_bytes cap and point_timeout_s, like the fwd+bwd probes; a length that
+        runs out of memory skips the longer ones."""
+        probes = [Probe("state", T) for T in cfg.lengths()]
+        measured = {
+            key: peak_memory(MixerPrefillState(layer, s, seed), probes, device, cfg.max_bytes, cfg.point_timeout_s,
+                             cfg.cpu_threads)
+            for key, layer, s in (("state_bytes", name, spec), ("softmax_state_bytes", "softmax", soft_spec))
+        }
+        return _state_rows(mixer, softmax, cfg.lengths(), measured)
 
 
 def _check_some_probe_ran(points: list[dict], mixer: str, cfg: MemoryConfig) -> None:
@@ -127,31 +135,19 @@ def _check_some_probe_ran(points: list[dict], mixer: str, cfg: MemoryConfig) -> 
     raise RuntimeError(f"no probe of {mixer} ran ({where}; statuses {statuses}): {'; '.join(errors[:3])}")
 
 
-def cache_bytes(obj: Any) -> int:
-    """Bytes of every tensor in a (nested) decode cache: tensors, tuples, NamedTuples, lists, dicts."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (tuple, list)):
-        return sum(cache_bytes(o) for o in obj)
-    if isinstance(obj, dict):
-        return sum(cache_bytes(o) for o in obj.values())
-    return 0
-
-
-def _state_row(mixer, softmax, T: int, device: torch.device, dtype: torch.dtype) -> dict:
-    """Decode-state bytes per sequence after T tokens: the real cache that a prefill of one
-    sequence leaves (measured), with mixer.state_size(T) floats beside it."""
-    row: dict[str, Any] = {"T": T, "state_floats": mixer.state_size(T), "softmax_state_floats": softmax.state_size(T)}
-    for key, layer in (("state_bytes", mixer), ("softmax_state_bytes", softmax)):
-        try:
-            with torch.no_grad():
-                _, cache = layer.prefill(torch.randn(1, T, layer.d_model, device=device, dtype=dtype))
-            row[key] = cache_bytes(cache)
-            del cache
-        except Exception as e:  # noqa: BLE001 - recorded; the other rows go on
-            row[key], row[f"{key}_error"] = None, ("oom: " if is_oom(e) else "") + describe(e)
-        free_memory(device)
-    return row
+def _state_rows(mixer, softmax, lengths: list[int], measured: dict[str, list[dict]]) -> list[dict]:
+    """Decode-state bytes per sequence after T tokens, from the prefill probes (the real cache a
+    prefill of one sequence leaves), with each layer's state_size(T) floats beside them."""
+    rows = []
+    for i, T in enumerate(lengths):
+        row: dict[str, Any] = {"T": T, "state_floats": mixer.state_size(T), "softmax_state_floats": softmax.state_size(T)}
+        for key, results in measured.items():
+            r = results[i]
+            row[key] = r.get("value") if r["status"] == "ok" else None
+            if r["status"] != "ok":
+                row[f"{key}_error"] = f"{r['status']}: {r['error']}"
+        rows.append(row)
+    return rows
 
 
 def _max_fit(series: list[dict]) -> dict:

@@ -95,6 +95,10 @@ def resolve_backend(
     status = backend_status(requested, device)
     if not status.usable:
         raise ValueError(f"{op}: backend={requested!r} cannot run on {torch.device(device)}: {status.reason}")
+    if requested == "triton" and torch.device(device).type == "cpu" and dtype == torch.bfloat16:
+        # The interpreter multiplies bf16 tiles wrongly (numpy has no bf16): refuse, never return garbage.
+        raise ValueError(f"{op}: backend='triton' under TRITON_INTERPRET=1 cannot take bfloat16 inputs (the "
+                         "interpreter has no bf16 dot products); use float16 or float32, or backend='torch'")
     return requested
 
 

@@ -47,7 +47,7 @@ def delta_rule(
     check_state(op, "initial_state", initial_state, (B, H, K, V), device=q.device)
     check_chunk_size(op, chunk_size)
     scale = default_scale(op, scale, K)
-    backend = resolve_backend(op, backend, q.device)
+    backend = resolve_backend(op, backend, q.device, q.dtype)
     if backend == "reference":
         return delta_rule_reference(
             q, k, v, beta, scale, initial_state=initial_state, output_final_state=output_final_state

@@ -49,7 +49,7 @@ def gated_linear_attention(
     check_state(OP, "initial_state", initial_state, (B, H, K, V), device=q.device)
     scale = default_scale(OP, scale, K)
     check_chunk_size(OP, chunk_size)
-    backend = resolve_backend(OP, backend, q.device)
+    backend = resolve_backend(OP, backend, q.device, q.dtype)
     if backend == "reference":
         return gated_linear_attention_reference(q, k, v, g, scale, initial_state, output_final_state)
     if backend == "torch":

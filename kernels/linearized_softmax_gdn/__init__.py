@@ -54,7 +54,7 @@ def linearized_softmax_gdn(
     check_lin_state(op, "initial_state", initial_state, B, H, K, V)
     check_chunk_size(op, chunk_size)
     scale = default_scale(op, scale, K)
-    backend = resolve_backend(op, backend, q.device)
+    backend = resolve_backend(op, backend, q.device, q.dtype)
     if backend == "reference":
         return linearized_softmax_gdn_reference(
             q, k, v, scale, initial_state=initial_state, output_final_state=output_final_state

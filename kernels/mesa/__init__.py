@@ -67,7 +67,7 @@ def mesa(
         if t.device != q.device:
             raise ValueError(f"{op}: {name} is on {t.device} but q is on {q.device}")
 
-    backend = resolve_backend(op, backend, q.device)
+    backend = resolve_backend(op, backend, q.device, q.dtype)
     if backend == "reference":
         return mesa_reference(
             q, k, v, g, beta, lamb, scale, initial_state=initial_state, output_final_state=output_final_state

@@ -74,6 +74,44 @@ class MixerFwdBwd:
         return make_call(state, probe.mode, "fwdbwd", self.B, probe.T)
 
 
+def cache_bytes(obj: Any) -> int:
+    """Bytes of every tensor in a (nested) decode cache: tensors, tuples, NamedTuples, lists, dicts."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(cache_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(cache_bytes(o) for o in obj.values())
+    return 0
+
+
+@dataclass(frozen=True)
+class MixerPrefillState:
+    """A prefill of one sequence of probe.T tokens; the call returns the bytes of the decode
+    cache it leaves (a result's `value`), measured under the same caps as the other probes."""
+
+    mixer: str
+    spec: LayerSpec
+    seed: int
+
+    def setup(self, device):
+        return build_layer(self.mixer, self.spec, device, self.seed)
+
+    def call(self, state, probe):
+        x = torch.randn(1, probe.T, state.d_model, device=state_device(state), dtype=self.spec.dtype)
+
+        def prefill() -> int:
+            with torch.no_grad():
+                _, cache = state.prefill(x)
+            return cache_bytes(cache)
+
+        return prefill
+
+
+def state_device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
 def peak_memory(workload: Workload, probes: list[Probe], device: torch.device, max_bytes: int | None = None,
                 timeout_s: float = 600.0, threads: int | None = None, warmup_T: int = 16) -> list[dict]:
     """One result per probe: {mode, T, status ok|oom|failed|skipped, peak_bytes, error, method}."""
@@ -112,8 +150,13 @@ def _run_probes(probes: list[Probe], measure: Callable[[Probe], dict], max_bytes
             return
 
 
-def _result(probe: Probe, status: str, peak: int | None = None, error: str | None = None, method: str = "") -> dict:
-    return {"mode": probe.mode, "T": probe.T, "status": status, "peak_bytes": peak, "error": error, "method": method}
+def _result(probe: Probe, status: str, peak: int | None = None, error: str | None = None, method: str = "",
+            value: Any = None) -> dict:
+    """A probe's result; `value` is what the call returned when it is a number (else left out)."""
+    out = {"mode": probe.mode, "T": probe.T, "status": status, "peak_bytes": peak, "error": error, "method": method}
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out["value"] = value
+    return out
 
 
 # -- CUDA ---------------------------------------------------------------------------------
@@ -125,10 +168,10 @@ def _cuda_peak(workload: Workload, state: Any, probe: Probe, *, device: torch.de
     gc.collect()
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    call()
+    value = call()
     torch.cuda.synchronize(device)
     return _result(probe, "ok", torch.cuda.max_memory_allocated(device) - base,
-                   method="torch.cuda.max_memory_allocated above the inputs")
+                   method="torch.cuda.max_memory_allocated above the inputs", value=value)
 
 
 # -- CPU: child processes -------------------------------------------------------------------
@@ -229,9 +272,9 @@ def _cpu_peak(workload, state, probe: Probe, *, can_reset: bool) -> dict:
         base, method = _rss(), "peak RSS (VmHWM, reset per probe) above the inputs, child process"
     else:
         base, method = _max_rss(), "ru_maxrss above the peak after setup, one child per probe"
-    call()
+    value = call()
     peak = (_hwm() if can_reset else _max_rss()) - base
-    return _result(probe, "ok", max(peak, 0), method=method)
+    return _result(probe, "ok", max(peak, 0), method=method, value=value)
 
 
 def _release() -> None:

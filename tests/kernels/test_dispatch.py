@@ -31,6 +31,22 @@ def test_triton_on_cpu_needs_interpreter(monkeypatch):
     assert resolve_backend("linear_attention", "triton", "cpu") == "triton"
 
 
+@pytest.mark.parametrize("op", ["linear_attention", "gated_linear_attention", "delta_rule", "gated_delta_rule",
+                                "linearized_softmax_gdn", "mesa"])
+def test_interpreted_triton_refuses_bf16_before_computing(monkeypatch, op):
+    """The interpreter's bf16 tiles multiply wrongly (rel err ~1e9 against the reference)."""
+    import kernels
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="cannot take bfloat16"):
+        resolve_backend(op, "triton", "cpu", torch.bfloat16)
+    assert resolve_backend(op, "triton", "cpu", torch.float16) == "triton"
+    q = k = v = torch.randn(1, 16, 1, 16).bfloat16()
+    if op == "linear_attention":
+        with pytest.raises(ValueError, match="cannot take bfloat16"):
+            kernels.linear_attention(q, k, v, backend="triton")
+
+
 def test_checks_name_the_argument():
     q = torch.randn(1, 5, 2, 4)
     with pytest.raises(ValueError, match=r"q must have 4 dimensions.*\[1, 5, 8\]"):

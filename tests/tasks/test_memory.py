@@ -12,8 +12,8 @@ import torch
 from harness.config import resolve_config
 from harness.runner import RunSpec, execute
 from harness.tracking import Tracker
-from tasks.common.memprobe import Probe, _run_probes, peak_memory
-from tasks.memory import Memory, cache_bytes
+from tasks.common.memprobe import Probe, _run_probes, cache_bytes, peak_memory
+from tasks.memory import Memory
 
 MiB = 2**20
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -120,3 +120,21 @@ def test_record_structure_and_plots(tmp_path):
 def test_config_rejects_a_short_max_seq_len():
     with pytest.raises(Exception, match="max_seq_len"):
         resolve_config(Memory, "default", None, ["max_seq_len=100"])
+
+
+def test_decode_state_stage_runs_under_the_cap_and_the_timeout():
+    """The prefill probes of the decode-state stage go through the same child processes: a KV
+    cache over max_bytes is an oom result and the longer lengths are skipped, not measured."""
+    from tasks.common.memprobe import MixerPrefillState
+    from tasks.common.workloads import LayerSpec
+
+    spec = LayerSpec(num_heads=2, head_dim=64, d_model=128, dtype=torch.float32)
+    probes = [Probe("state", 16), Probe("state", 200_000), Probe("state", 400_000)]
+    out = peak_memory(MixerPrefillState("softmax", spec, 0), probes, torch.device("cpu"), max_bytes=64 * MiB)
+    workload = MixerPrefillState("softmax", spec, 0)
+    in_process = workload.call(workload.setup(torch.device("cpu")), probes[0])()
+    assert out[0]["status"] == "ok" and out[0]["value"] == in_process >= 2 * 16 * 2 * 64 * 4  # K and V at least
+    assert out[1]["status"] == "oom", out[1]
+    assert out[2]["status"] == "skipped" and "T=200000" in out[2]["error"]
+    recurrent = peak_memory(MixerPrefillState("gdn", spec, 0), probes[:1], torch.device("cpu"), timeout_s=0.001)
+    assert recurrent[0]["status"] == "failed" and "timed out" in recurrent[0]["error"]
