@@ -1,4 +1,4 @@
-"""Speed of the Triton linearized softmax GDN (DESIGN §7) against the bare Triton GDN it runs on.
+"""Speed of the Triton linearized softmax GDN (docs/design.md §7) against the bare Triton GDN it runs on.
 
     PYTHONPATH=. python benchmarks/bench_lin_gdn.py --out results/bench/h200_lin_gdn.json
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_linear_gla.py --out results/bench/h200_linear_gla.json
 
-Shapes (DESIGN §9, anchors/): B*T = 65,536 tokens, H = 16, K = V = 128, bf16, T in
+Shapes (docs/design.md §9, anchors/): B*T = 65,536 tokens, H = 16, K = V = 128, bf16, T in
 {2048, 8192, 32768}; l2-normalised keys, gates logsigmoid(N(4, 1)). Times are medians of
 triton.testing.do_bench (ms) of the Triton entry points (validation skipped on both sides),
 forward and forward+backward (random output gradient), with ratios ours / FLA. FLA is a

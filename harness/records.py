@@ -1,4 +1,4 @@
-"""Run records (DESIGN §6): one self-contained JSON file per run, written atomically.
+"""Run records (docs/design.md §6): one self-contained JSON file per run, written atomically.
 
 Layout: <results>/runs/<task>/<run_id>.json, with any artifacts (plots) of the run in
 <results>/runs/<task>/<run_id>/. A record is written to a temporary file in the same

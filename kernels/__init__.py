@@ -1,4 +1,4 @@
-"""Functional sequence-mixing ops (DESIGN §3).
+"""Functional sequence-mixing ops (docs/design.md §3).
 
 Layout: q, k: [B, T, H, K]; v: [B, T, H, V]; gates g in log space ([B, T, H] or
 [B, T, H, K]); beta: [B, T, H] in (0, 1]. Every op returns (o, final_state) and takes

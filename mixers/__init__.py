@@ -1,4 +1,4 @@
-"""Sequence-mixer layers (DESIGN §4) and their registry."""
+"""Sequence-mixer layers (docs/design.md §4) and their registry."""
 
 from mixers.base import Mixer, MixerConfig
 from mixers.registry import UnknownMixerError, get_mixer, mixer_names, register_mixer

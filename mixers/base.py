@@ -1,4 +1,4 @@
-"""The mixer contract (DESIGN §4) and the pieces every mixer shares.
+"""The mixer contract (docs/design.md §4) and the pieces every mixer shares.
 
 A mixer maps x: [B, T, d_model] -> [B, T, d_model]. It owns its projections and gates,
 calls one op from `kernels`, reports `state_size()` (floats kept per sequence for

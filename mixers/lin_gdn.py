@@ -1,4 +1,4 @@
-"""Linearized softmax attention as a Gated DeltaNet (seed 000, DESIGN §7).
+"""Linearized softmax attention as a Gated DeltaNet (seed 000, docs/design.md §7).
 
 It has exactly the parameters of the softmax mixer (no gates to learn: the gates are
 log(1 - 1/t)), so a trained softmax layer's state_dict loads into it unchanged. With

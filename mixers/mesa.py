@@ -1,5 +1,5 @@
 """MesaNet: the output is H_kv^T (H_kk + diag(lamb))^{-1} q, an online least-squares fit
-of values from keys solved afresh for every query (DESIGN §8)."""
+of values from keys solved afresh for every query (docs/design.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The mixer registry: registry name -> mixer class (DESIGN §4).
+"""The mixer registry: registry name -> mixer class (docs/design.md §4).
 
 In-repo mixers register with `@register_mixer("name")`. A third-party package registers
 its own through the entry-point group `harness.mixers` in its pyproject.toml:

@@ -1,4 +1,4 @@
-"""Tasks (DESIGN §5): each takes a mixer, a config and a device and returns a result."""
+"""Tasks (docs/design.md §5): each takes a mixer, a config and a device and returns a result."""
 
 from tasks.base import RunContext, Task, TaskConfig, TaskResult
 from tasks.registry import UnknownTaskError, get_task, register_task, task_names

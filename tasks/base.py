@@ -1,4 +1,4 @@
-"""The task contract (DESIGN §5): a task takes a mixer name, a resolved config and a
+"""The task contract (docs/design.md §5): a task takes a mixer name, a resolved config and a
 device, and returns a TaskResult that the harness turns into a run record."""
 
 from __future__ import annotations

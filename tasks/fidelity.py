@@ -1,5 +1,5 @@
 """Fidelity: how closely each gate-free linear op approximates causal softmax attention
-on the same q, k, v (DESIGN §5, §7).
+on the same q, k, v (docs/design.md §5, §7).
 
 A run measures the ops of one mixer family against exact causal softmax (fp64), as the
 relative error ||o - o_softmax|| / ||o_softmax|| by sequence length T:

@@ -10,7 +10,7 @@ weights are products of diagonal ones. The seed approximates only the diagonal t
 order, a_jj(q) ~ (1/j) (1 + q'.(k_j - kbar_j)) with kbar_j = mean(k_1..k_j), and keeps the
 exact q-dependent recursion; products of first-order factors keep cross terms that a
 first-order expansion of every weight (VaLA) drops. That form still needs one recursion
-per query (quadratic cost); the GDN form of DESIGN §7 then replaces the leftover q by
+per query (quadratic cost); the GDN form of docs/design.md §7 then replaces the leftover q by
 q* = k_t - kbar_t to make it linear. `diag_rnn_attention` computes the quadratic form, so
 the fidelity task can separate the error of the diagonal expansion from that of q -> q*.
 
@@ -136,7 +136,7 @@ def softmax_op(q, k, v, scale, backend):
 
 
 def lin_gdn_op(q, k, v, scale, backend):
-    """Linearized softmax as a gated delta rule (DESIGN §7)."""
+    """Linearized softmax as a gated delta rule (docs/design.md §7)."""
     return linearized_softmax_gdn(q, k, v, scale=scale, backend=backend)[0]
 
 
@@ -158,7 +158,7 @@ def lin_gdn_balanced_op(q, k, v, scale, backend, factor: torch.Tensor | None = N
 
 
 def vala_op(q, k, v, scale, backend):
-    """First-order ("vanilla") linearisation of every softmax weight (DESIGN §7)."""
+    """First-order ("vanilla") linearisation of every softmax weight (docs/design.md §7)."""
     return vala_attention(q, k, v, scale=scale, backend=backend)[0]
 
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: the error metric of DESIGN §9 and NaN poisoning."""
+"""Helpers shared by the tests: the error metric of docs/design.md §9 and NaN poisoning."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Splitting a sequence into chunks for the chunkwise-parallel forms (DESIGN §10).
+"""Splitting a sequence into chunks for the chunkwise-parallel forms (docs/design.md §10).
 
     split_chunks(x, chunk_size)   [B, T, H, *D] -> [B, H, N, C, *D]   (T zero-padded to N * C)
     merge_chunks(x, T)            [B, H, N, C, *D] -> [B, T, H, *D]   (padding dropped)

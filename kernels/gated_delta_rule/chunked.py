@@ -1,4 +1,4 @@
-"""Chunkwise-parallel gated delta rule in plain PyTorch (DESIGN §10): backend "torch".
+"""Chunkwise-parallel gated delta rule in plain PyTorch (docs/design.md §10): backend "torch".
 
 Per chunk of C tokens, with gamma the in-chunk cumulative log-gate, Gamma_ij =
 exp(gamma_i - gamma_j) for i >= j (else 0) and S the state entering the chunk:

@@ -1,4 +1,4 @@
-"""Gated delta rule, one token at a time (DESIGN §3): the ground truth for tests.
+"""Gated delta rule, one token at a time (docs/design.md §3): the ground truth for tests.
 
     h_t = exp(g_t) (I - beta_t k_t k_t^T) h_{t-1} + beta_t k_t v_t^T,    o_t = h_t^T (scale q_t)
 """

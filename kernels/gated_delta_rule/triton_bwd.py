@@ -1,4 +1,4 @@
-"""Backward state passing of the (gated) delta rule (DESIGN §10), chunk C = 64.
+"""Backward state passing of the (gated) delta rule (docs/design.md §10), chunk C = 64.
 
 With P = (scale Q K^T ⊙ Gamma) (lower, diagonal included), Kd = K ⊙ e^{gamma_C - gamma} and
 dS_{n+1} the gradient of the state leaving chunk n (dS_N = gradient of the final state):

@@ -1,6 +1,6 @@
 """Per-chunk gradients of the (gated) delta rule through the output and the state update.
 
-Chunk n (DESIGN §10), q' = scale q, S = S_n entering, dS' = dS_{n+1} leaving, U and dU
+Chunk n (docs/design.md §10), q' = scale q, S = S_n entering, dS' = dS_{n+1} leaving, U and dU
 from the forward / state_bwd:
     O  = diag(e^gamma) Q' S + P U,   P = Q' K^T ⊙ Gamma (lower, diagonal included)
     S' = e^{gamma_C} S + Kd^T U,      Kd = K ⊙ e^{gamma_C - gamma}

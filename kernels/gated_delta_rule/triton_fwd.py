@@ -1,4 +1,4 @@
-"""Forward state passing and output of the (gated) delta rule (DESIGN §10), chunk C = 64.
+"""Forward state passing and output of the (gated) delta rule (docs/design.md §10), chunk C = 64.
 
   state_fwd   grid (V-blocks, heads); each program walks its head's chunks in order with
               its [K, BV] block of the state S in fp32 registers:

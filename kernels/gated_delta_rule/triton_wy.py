@@ -1,4 +1,4 @@
-"""Per-chunk WY/UT preparation of the (gated) delta rule, forward (DESIGN §10), chunk C = 64.
+"""Per-chunk WY/UT preparation of the (gated) delta rule, forward (docs/design.md §10), chunk C = 64.
 
 For each chunk, in parallel (grid: chunks x heads):
     gamma = cumsum(g) within the chunk (stored, fp32; the other kernels read it)

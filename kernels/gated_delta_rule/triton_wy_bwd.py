@@ -1,4 +1,4 @@
-"""Backward of the per-chunk WY/UT preparation (DESIGN §10), and the final gradients.
+"""Backward of the per-chunk WY/UT preparation (docs/design.md §10), and the final gradients.
 
 Forward, per chunk: A = strictly-lower diag(beta) (K K^T ⊙ Gamma), Tm = (I + A)^{-1},
 W = Tm diag(f) K with f = beta e^gamma, U0 = Tm diag(beta) V. Given dW and dU0 (= dU):

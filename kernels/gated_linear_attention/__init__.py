@@ -1,5 +1,5 @@
 """Gated linear attention: h_t = diag(exp(g_t)) h_{t-1} + k_t v_t^T, o_t = h_t^T (scale q_t)
-(DESIGN §3). g: [B, T, H] (scalar decay per head) or [B, T, H, K] (GLA: one per key channel).
+(docs/design.md §3). g: [B, T, H] (scalar decay per head) or [B, T, H, K] (GLA: one per key channel).
 
 Backends: reference (per-token recurrence), torch (chunked, autograd), triton.
 """

@@ -2,7 +2,7 @@
 backward.
 
 Per chunk of C tokens with entering state S and chunk-local cumulative log-gates
-gamma_i = g_1 + ... + g_i (DESIGN §10):
+gamma_i = g_1 + ... + g_i (docs/design.md §10):
     O  = (Q ⊙ e^gamma) S + intra-chunk term
     S' = e^{gamma_C} S + (K ⊙ e^{gamma_C - gamma})^T V
 intra-chunk term, o_i = sum_{j<=i} (q_i ⊙ e^{gamma_i - gamma_j}) . k_j  v_j.

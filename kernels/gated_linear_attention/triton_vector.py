@@ -2,7 +2,7 @@
 
 A_ij = scale sum_c q_ic k_jc e^{gamma_ic - gamma_jc} (i >= j in one chunk) does not factor
 safely as (Q ⊙ e^gamma)(K ⊙ e^-gamma)^T: e^-gamma overflows once a channel's gates sum
-below about -88 within a chunk (DESIGN §10). Factoring around a reference point r inside
+below about -88 within a chunk (docs/design.md §10). Factoring around a reference point r inside
 the range, (Q ⊙ e^{gamma - r})(K ⊙ e^{r - gamma})^T, is safe when the exponents stay within
 +-span: query factors in [2^-span, 1], key factors in [1, 2^span] for keys after r, <= 1 for
 keys before it (gamma only decreases). Each chunk and K-block takes one of three paths

@@ -1,4 +1,4 @@
-"""Linear attention: h_t = h_{t-1} + k_t v_t^T, o_t = h_t^T (scale q_t) (DESIGN §3).
+"""Linear attention: h_t = h_{t-1} + k_t v_t^T, o_t = h_t^T (scale q_t) (docs/design.md §3).
 
 Backends: reference (per-token recurrence), torch (chunked, autograd), triton.
 """

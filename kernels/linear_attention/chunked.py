@@ -1,6 +1,6 @@
 """Linear attention, chunkwise-parallel PyTorch form (backend "torch"); autograd does the backward.
 
-Per chunk of C tokens with entering state S (DESIGN §10, all gates zero):
+Per chunk of C tokens with entering state S (docs/design.md §10, all gates zero):
     O = (Q K^T ⊙ M) V + Q S          M: causal mask, diagonal included
     S' = S + K^T V
 Without gates the entering states are a prefix sum of the per-chunk increments K^T V, so no

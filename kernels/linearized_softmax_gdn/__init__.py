@@ -1,4 +1,4 @@
-"""Linearized softmax attention as a gated delta rule (DESIGN §7), and its VaLA baseline:
+"""Linearized softmax attention as a gated delta rule (docs/design.md §7), and its VaLA baseline:
 the public ops, their checks and backend dispatch."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def linearized_softmax_gdn(
     backend: str = "auto",
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, LinGDNState | None]:
-    """Softmax attention linearized into a gated delta rule (DESIGN §7, seed 000):
+    """Softmax attention linearized into a gated delta rule (docs/design.md §7, seed 000):
 
         kbar_t, vbar_t = running means of k, v (vbar_0 = 0)
         u_t = k_t - kbar_t,  w_t = v_t - vbar_{t-1}

@@ -1,4 +1,4 @@
-"""Linearized softmax GDN on the chunked gated delta rule (DESIGN §7): backend "torch".
+"""Linearized softmax GDN on the chunked gated delta rule (docs/design.md §7): backend "torch".
 
 At absolute position t (t = count + 1, count + 2, ... with count = tokens already seen)
 the §7 recurrence h_t = ((1 - 1/t) I - (1/t) u_t u_t^T) h_{t-1} + (1/t) u_t w_t^T is the

@@ -1,4 +1,4 @@
-"""Linearized softmax GDN, one token at a time, written straight from DESIGN §7 (not
+"""Linearized softmax GDN, one token at a time, written straight from docs/design.md §7 (not
 through the gated delta rule, so that the GDN mapping of chunked.py is checked against it):
 
     kbar_t = mean(k_1..k_t)      vbar_t = mean(v_1..v_t)      vbar_0 = 0

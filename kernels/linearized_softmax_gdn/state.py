@@ -1,4 +1,4 @@
-"""The recurrent state of the linearized softmax GDN (DESIGN §7) and its check."""
+"""The recurrent state of the linearized softmax GDN (docs/design.md §7) and its check."""
 
 from __future__ import annotations
 

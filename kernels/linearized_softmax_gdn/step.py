@@ -1,4 +1,4 @@
-"""One-token decode step of the linearized softmax GDN (DESIGN §7)."""
+"""One-token decode step of the linearized softmax GDN (docs/design.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Triton backend of the linearized softmax GDN (DESIGN §7): a Triton running-mean preprocessing
+"""Triton backend of the linearized softmax GDN (docs/design.md §7): a Triton running-mean preprocessing
 (triton_prep.py) feeding the gated delta rule kernels (kernels/gated_delta_rule/triton_op.py).
 
 At absolute position t = count + 1, count + 2, ... (count = tokens already in the state):

@@ -1,4 +1,4 @@
-"""Running-mean preprocessing of the linearized softmax GDN (DESIGN §7) on Triton.
+"""Running-mean preprocessing of the linearized softmax GDN (docs/design.md §7) on Triton.
 
 At absolute position t = count + 1, count + 2, ... (count = tokens already in the state), with
 S_t = s0 + x_1 + ... + x_t the running sum (s0 = the state's sum, zero for an empty state):

@@ -1,4 +1,4 @@
-"""VaLA, the first-order ("vanilla") linearization of softmax attention (DESIGN §7), the
+"""VaLA, the first-order ("vanilla") linearization of softmax attention (docs/design.md §7), the
 baseline of the linearized softmax GDN:
 
     o_t = vbar_t + ((1/t) sum_{i<=t} k_i v_i^T - kbar_t vbar_t^T)^T q'_t,    q' = scale q

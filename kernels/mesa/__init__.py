@@ -1,4 +1,4 @@
-"""MesaNet (DESIGN §8): the public op `mesa`, its decode step `mesa_step` and `MesaState`.
+"""MesaNet (docs/design.md §8): the public op `mesa`, its decode step `mesa_step` and `MesaState`.
 
     H_kk_t = exp(g_t) H_kk_{t-1} + beta_t k_t k_t^T      H_kv_t = exp(g_t) H_kv_{t-1} + beta_t k_t v_t^T
     q*_t = (H_kk_t + diag(lamb))^{-1} (scale q_t)         o_t = H_kv_t^T q*_t

@@ -1,4 +1,4 @@
-"""MesaNet, chunkwise in plain PyTorch: the "torch" backend (DESIGN §8, §10).
+"""MesaNet, chunkwise in plain PyTorch: the "torch" backend (docs/design.md §8, §10).
 
 Per chunk of C tokens, with Q the scaled queries, Gamma the intra-chunk decay and H0, S0 the
 H_kk, H_kv entering the chunk:

@@ -1,4 +1,4 @@
-"""MesaNet, token by token with an exact solve per token: the ground truth (DESIGN §8).
+"""MesaNet, token by token with an exact solve per token: the ground truth (docs/design.md §8).
 
     H_kk_t = exp(g_t) H_kk_{t-1} + beta_t k_t k_t^T
     H_kv_t = exp(g_t) H_kv_{t-1} + beta_t k_t v_t^T

@@ -1,4 +1,4 @@
-"""The recurrent state of MesaNet (DESIGN §8), shared by every backend of the op."""
+"""The recurrent state of MesaNet (docs/design.md §8), shared by every backend of the op."""
 
 from __future__ import annotations
 

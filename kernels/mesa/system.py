@@ -1,4 +1,4 @@
-"""The per-token linear systems of a MesaNet chunk, applied without building them (DESIGN §10).
+"""The per-token linear systems of a MesaNet chunk, applied without building them (docs/design.md §10).
 
 Inside a chunk of C tokens with cumulative log-gate gamma_i = g_1 + ... + g_i, the matrix
 that token i must invert is
@@ -81,7 +81,7 @@ class ChunkSystem:
         )
 
     def jacobi_start(self, b: torch.Tensor) -> torch.Tensor:
-        """The CG starting point b / diag(M) (DESIGN §8)."""
+        """The CG starting point b / diag(M) (docs/design.md §8)."""
         return b / self.diagonal()
 
 

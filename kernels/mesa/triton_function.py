@@ -1,4 +1,4 @@
-"""The autograd Function behind backend="triton" of mesa (DESIGN §8, §10).
+"""The autograd Function behind backend="triton" of mesa (docs/design.md §8, §10).
 
 Forward:  H_kk, H_kv entering every chunk              (triton_states.mesa_fwd_states, x2)
           Q*, O per chunk: CG on-chip, then the output   (triton_solve.mesa_fwd_solve)

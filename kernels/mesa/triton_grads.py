@@ -1,4 +1,4 @@
-"""MesaNet backward, per chunk (DESIGN §8, §10): gradients of k, v, beta and g from the
+"""MesaNet backward, per chunk (docs/design.md §8, §10): gradients of k, v, beta and g from the
 solutions Q* (forward) and Y (adjoint), dO and the gradients dH', dS' of the two states
 leaving the chunk (kernels/mesa/triton_states.py).
 

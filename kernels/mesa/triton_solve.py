@@ -1,4 +1,4 @@
-"""MesaNet's per-chunk solves in Triton (DESIGN §8, §10): the forward CG with the output,
+"""MesaNet's per-chunk solves in Triton (docs/design.md §8, §10): the forward CG with the output,
 and the adjoint CG of the backward. One program owns BR rows (tokens) of one chunk of one
 head and runs every CG iteration on-chip (kernels/mesa/triton_system.py), so iterations cost
 no launches; it loads H0^T and the chunk's keys once, before the CG loop, and keeps them on

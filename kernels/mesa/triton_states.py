@@ -1,4 +1,4 @@
-"""MesaNet's two states across chunks (DESIGN §8, §10), forward and backward, in Triton.
+"""MesaNet's two states across chunks (docs/design.md §8, §10), forward and backward, in Triton.
 
 Forward, for the K x K state (B = K) and the K x V state (B = V) alike, chunk by chunk:
     S_{n+1} = c_n S_n + (K_n ⊙ u)^T B_n,   u_j = beta_j e^{g_{j+1} + ... + g_C},  c_n = e^{g_1 + ... + g_C}

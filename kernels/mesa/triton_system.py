@@ -1,4 +1,4 @@
-"""Triton building blocks of MesaNet's chunk systems (DESIGN §8, §10): gate factors built
+"""Triton building blocks of MesaNet's chunk systems (docs/design.md §8, §10): gate factors built
 from segment sums, the implicit per-token matrices M_i and the on-chip conjugate gradient.
 
 Within a chunk of BT tokens with per-token log-gates g (natural log; the kernels work in

@@ -1,4 +1,4 @@
-"""Causal softmax attention, o_t = sum_{i<=t} softmax_i(scale q_t . k_i) v_i (DESIGN §3),
+"""Causal softmax attention, o_t = sum_{i<=t} softmax_i(scale q_t . k_i) v_i (docs/design.md §3),
 with a KV cache as its state.
 
 Backends: reference (explicit masked softmax, fp32/fp64), torch (scaled_dot_product_attention),

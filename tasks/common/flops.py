@@ -8,7 +8,7 @@ Conventions (so TFLOP/s figures are comparable across mixers and with other benc
   2 T^2 (K + V) / 2 per head (QK^T and PV); this is FlashAttention's count. Its backward
   recomputes QK^T and has dV, dP, dQ, dK: 5 products against the forward's 2, so 2.5 x the
   forward, and forward+backward is 3.5 x the forward.
-- The linear ops are counted in their chunkwise form (DESIGN §10) with the mixer's chunk
+- The linear ops are counted in their chunkwise form (docs/design.md §10) with the mixer's chunk
   size C, since that is the algorithm our torch and triton backends (and FLA's) execute;
   the dense intra-chunk products are counted in full (C x C, not the causal half), as a
   kernel computes them. Their backward is counted as 2 x the forward (every product Y = AB

@@ -1,9 +1,9 @@
-"""Triton delta rule, gated delta rule and linearized softmax GDN on a CUDA GPU (DESIGN §9).
+"""Triton delta rule, gated delta rule and linearized softmax GDN on a CUDA GPU (docs/design.md §9).
 
 bf16 at T up to 32k with K = V = 128 (plus fp32 and fp16 at awkward shapes), against the
 chunked PyTorch form (kernels/gated_delta_rule/chunked.py) run in fp64 on the same GPU (the
 per-token loop is too slow at these lengths); the linearized form against its per-token
-recurrence (DESIGN §7) in fp64. The Triton entry points are called directly. Each output and each
+recurrence (docs/design.md §7) in fp64. The Triton entry points are called directly. Each output and each
 gradient (q, k, v, beta, g, initial state) is its own test item, so a failure names the
 gradient; all buffers the kernels write start as NaN.
 
@@ -113,7 +113,7 @@ def test_matches_fp64_chunked(case, quantity):
 
 
 def lin_gdn_recurrence(q, k, v, scale, h, k_sum, v_sum, count):
-    """DESIGN §7 one token at a time (any dtype; fp64 here)."""
+    """docs/design.md §7 one token at a time (any dtype; fp64 here)."""
     outs = []
     for i in range(q.shape[1]):
         t = count + i + 1
@@ -127,7 +127,7 @@ def lin_gdn_recurrence(q, k, v, scale, h, k_sum, v_sum, count):
 
 
 def test_linearized_softmax_gdn_bf16():
-    """DESIGN §7 form at T = 2048 from a state with count > 0, against its per-token
+    """docs/design.md §7 form at T = 2048 from a state with count > 0, against its per-token
     recurrence in fp64; gradients of q, k, v and the state tensors."""
     lin = pytest.importorskip("kernels.linearized_softmax_gdn")
     if not hasattr(lin, "LinGDNState"):

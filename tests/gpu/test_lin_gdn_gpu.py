@@ -1,4 +1,4 @@
-"""Triton linearized softmax GDN (DESIGN §7) on a CUDA GPU at a real shape (DESIGN §9).
+"""Triton linearized softmax GDN (docs/design.md §7) on a CUDA GPU at a real shape (docs/design.md §9).
 
 bf16, B = 1, T = 8192, H = 2, K = V = 128, fresh and from a state with count > 0, against
 the chunked PyTorch backend run in fp64 on the same GPU: o, the final LinGDNState and the

@@ -1,4 +1,4 @@
-"""Triton linear attention and GLA on a CUDA GPU at real shapes (DESIGN §9).
+"""Triton linear attention and GLA on a CUDA GPU at real shapes (docs/design.md §9).
 
 bf16 at T up to 32k with K = V = 128, fp32 and fp16 at moderate T, gates near zero and
 strongly negative; outputs, final states and every gradient (q, k, v, g, initial state)

@@ -1,4 +1,4 @@
-"""MesaNet's Triton backend on a CUDA GPU (DESIGN §8, §9).
+"""MesaNet's Triton backend on a CUDA GPU (docs/design.md §8, §9).
 
 bf16 at T = 32k, 8192 and 2100 with K = V = 128 against the chunked PyTorch form (kernels/mesa/chunked.py)
 run in fp64 on the same GPU with the same cg_steps (the same algorithm, so agreement is

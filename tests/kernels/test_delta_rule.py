@@ -15,7 +15,7 @@ from kernels.delta_rule.reference import delta_rule_reference
 from kernels.gated_delta_rule.reference import gated_delta_rule_reference
 from tests.util import TOL, rel_err
 
-# (T, K, V, with initial state): every T of DESIGN §9 and every K, V value at least once.
+# (T, K, V, with initial state): every T of docs/design.md §9 and every K, V value at least once.
 CASES = [
     (1, 100, 16, False),
     (63, 16, 100, True),

@@ -14,7 +14,7 @@ from kernels.gated_delta_rule.chunked import chunk_gated_delta_rule
 from kernels.gated_delta_rule.reference import gated_delta_rule_reference
 from tests.util import TOL, rel_err
 
-# (T, K, V, with initial state): every T of DESIGN §9 and every K, V value at least once.
+# (T, K, V, with initial state): every T of docs/design.md §9 and every K, V value at least once.
 CASES = [
     (1, 16, 32, True),
     (63, 32, 16, False),

@@ -71,7 +71,7 @@ def as_fp64(*tensors):
 
 
 NAMES = ["o", "final_state", "dq", "dk", "dv", "dg", "dstate0"]
-CASES = [  # (T, K, V, vector gate, with initial state, chunk_size): each T and head dim of DESIGN §9
+CASES = [  # (T, K, V, vector gate, with initial state, chunk_size): each T and head dim of docs/design.md §9
     (1, 16, 32, True, True, 64),
     (63, 32, 16, False, False, 64),
     (64, 60, 64, True, False, 64),

@@ -55,7 +55,7 @@ def call(backend, chunk_size=64):
 
 
 NAMES = ["o", "final_state", "dq", "dk", "dv", "dstate0"]
-CASES = [  # (T, K, V, with initial state, chunk_size): every T and head dim of DESIGN §9 once
+CASES = [  # (T, K, V, with initial state, chunk_size): every T and head dim of docs/design.md §9 once
     (1, 16, 32, True, 64),
     (63, 32, 16, False, 64),
     (64, 60, 64, True, 64),

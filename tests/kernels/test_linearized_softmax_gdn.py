@@ -1,4 +1,4 @@
-"""Linearized softmax GDN (DESIGN §7) and VaLA: the §7 recurrence against its GDN mapping,
+"""Linearized softmax GDN (docs/design.md §7) and VaLA: the §7 recurrence against its GDN mapping,
 the chunked torch form against the reference (fp64), continuation through LinGDNState,
 decoding, the t = 1 step, first-order agreement with softmax, and bad input."""
 
@@ -18,7 +18,7 @@ from kernels.linearized_softmax_gdn.reference import linearized_softmax_gdn_refe
 from kernels.linearized_softmax_gdn.vala import vala_reference, vala_torch
 from tests.util import TOL, rel_err
 
-# (T, K, V, tokens already in the initial state): every T of DESIGN §9, every K and V value.
+# (T, K, V, tokens already in the initial state): every T of docs/design.md §9, every K and V value.
 CASES = [
     (1, 16, 60, 0),
     (63, 32, 64, 5),

@@ -56,7 +56,7 @@ def as_fp64(q, k, v, cache):
 
 
 NAMES = ["o", "dq", "dk", "dv", "dcache_k", "dcache_v"]
-CASES = [  # (T, K, V, S cached tokens): each T and head dim of DESIGN §9 once
+CASES = [  # (T, K, V, S cached tokens): each T and head dim of docs/design.md §9 once
     (1, 16, 32, 5),
     (63, 32, 16, 0),
     (64, 60, 64, 17),

@@ -1,5 +1,5 @@
 """The fidelity maths on cases with known answers, the op wrappers against the formulas of
-DESIGN §7, the mixer mapping, and a tiny end-to-end run of the task."""
+docs/design.md §7, the mixer mapping, and a tiny end-to-end run of the task."""
 
 import json
 
@@ -128,7 +128,7 @@ def test_vala_is_the_first_order_expansion_of_every_weight():
 
 
 def test_lin_gdn_is_the_design_recursion():
-    """DESIGN §7: h_t = ((1-1/t) I - (1/t) u u^T) h + (1/t) u w^T, o_t = h_t^T q'_t + vbar_t."""
+    """docs/design.md §7: h_t = ((1-1/t) I - (1/t) u u^T) h + (1/t) u w^T, o_t = h_t^T q'_t + vbar_t."""
     q, k, v = _qkv(logit_std=1.0)
     scale = 0.9
     h = torch.zeros(B, H, D, D, dtype=torch.float64)

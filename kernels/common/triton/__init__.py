@@ -1,7 +1,7 @@
 """Triton building blocks shared by the chunkwise kernels of the linear-attention family.
 
 Every kernel here works on the FLA layout (q, k: [B, T, H, K]; v: [B, T, H, V]) split into
-chunks of BT tokens (DESIGN §10), and on cumulative log-gates in log2 units (so kernels
+chunks of BT tokens (docs/design.md §10), and on cumulative log-gates in log2 units (so kernels
 use exp2): gamma = chunk_local_cumsum(g, BT, scale=LOG2E).
 
     utils.py     buffers (NaN-poisoned on request), block sizes, gate modes, dot precision

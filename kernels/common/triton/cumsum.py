@@ -1,4 +1,4 @@
-"""Chunk-local cumulative sum of log-gates (DESIGN §10: gamma_i = g_1 + ... + g_i in a chunk).
+"""Chunk-local cumulative sum of log-gates (docs/design.md §10: gamma_i = g_1 + ... + g_i in a chunk).
 
     chunk_local_cumsum(g, chunk_size, scale=LOG2E, reverse=False) -> fp32, same shape as g
 

@@ -1,4 +1,4 @@
-"""dq, dk for ungated and scalar-gated chunks (DESIGN §10), and the scalar gate's gradient.
+"""dq, dk for ungated and scalar-gated chunks (docs/design.md §10), and the scalar gate's gradient.
 
 Per chunk (S: state entering it, dS': gradient of the state leaving it, dA = dO V^T on
 the causal lower triangle, Gamma_ij = e^{gamma_i - gamma_j}):

@@ -1,4 +1,4 @@
-"""Per-chunk output and value gradient (DESIGN §10), given the states at chunk boundaries.
+"""Per-chunk output and value gradient (docs/design.md §10), given the states at chunk boundaries.
 
 Forward, chunk by chunk in parallel (S: state entering the chunk):
     O = scale (Q ⊙ e^gamma) S + A V,    A = scale (Q K^T ⊙ Gamma), lower triangle incl. diagonal

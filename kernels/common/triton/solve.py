@@ -1,6 +1,6 @@
 """Inverse of a unit lower-triangular chunk matrix, (I + A)^{-1}, in Triton registers.
 
-The WY/UT form of the delta rule (DESIGN §10) needs Tm = (I + A)^{-1} for the strictly
+The WY/UT form of the delta rule (docs/design.md §10) needs Tm = (I + A)^{-1} for the strictly
 lower-triangular A of each chunk. A 64 x 64 chunk is handled as a 4 x 4 grid of 16 x 16
 blocks (A_ij, i >= j; diagonal blocks strictly lower):
 

@@ -1,4 +1,4 @@
-"""State passing across chunks (DESIGN §10), forward and backward.
+"""State passing across chunks (docs/design.md §10), forward and backward.
 
 Forward: S_0 = h0 and, chunk by chunk,
     S_{n+1} = e^{gamma_C} S_n + (K_n ⊙ e^{gamma_C - gamma})^T V_n

@@ -249,7 +249,7 @@ def test_fused_forward_equals_two_kernels(gate):
     from kernels.gated_linear_attention.triton_vector import gla_intra_A
     from tests.util import rel_err
 
-    # fp16: the interpreter has no bf16 dots (DESIGN §9)
+    # fp16: the interpreter has no bf16 dots (docs/design.md §9)
     tensors, h0 = make_inputs(2, 130, 1, 32, 32, torch.float16, gate == "vector", seed=22)
     q, k, v = (tensors[n].contiguous() for n in ("q", "k", "v"))
     g = None if gate == "none" else tensors["g"].float()

@@ -1,4 +1,4 @@
-"""Triton linearized softmax GDN (DESIGN §7) against its per-token recurrence in fp64, on the
+"""Triton linearized softmax GDN (docs/design.md §7) against its per-token recurrence in fp64, on the
 CPU interpreter (conftest: TRITON_INTERPRET=1, NaN-poisoned buffers).
 
 Fresh start (count = 0, where t = 1 must write nothing and produce no inf/NaN in values or
@@ -25,7 +25,7 @@ LinGDNState = lin.LinGDNState
 
 
 def recurrence(q, k, v, scale, state):
-    """DESIGN §7 one token at a time, in the inputs' dtype (fp64 here)."""
+    """docs/design.md §7 one token at a time, in the inputs' dtype (fp64 here)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     if state is None or state.count == 0:

@@ -1,5 +1,5 @@
 """MesaNet's Triton backend under TRITON_INTERPRET=1 (set by conftest.py), against the
-per-token reference (exact solves) in fp64 (DESIGN §8, §9).
+per-token reference (exact solves) in fp64 (docs/design.md §8, §9).
 
 Every case checks o, both final states and the gradients of q, k, v, g, beta, lamb and
 both initial states; every buffer the wrappers allocate starts as NaN (conftest fixture).
