@@ -20,6 +20,21 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return num / denom
 
 
+def row_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The worst row's error against the typical row: max over rows r of ||out_r - ref_r||
+    divided by the root-mean-square row norm of ref, a row being the last dimension (one
+    token of one head). The whole-tensor rel_err averages a few bad rows away (a garbage chunk
+    or a zeroed token among 32k); this does not. NaN or inf anywhere gives inf."""
+    out64, ref64 = out.detach().double(), ref.detach().double()
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    rows_ref = ref64.reshape(-1, ref64.shape[-1]) if ref64.dim() else ref64.reshape(1, 1)
+    rows_out = out64.reshape(rows_ref.shape)
+    scale = rows_ref.norm(dim=-1).pow(2).mean().sqrt().item()
+    worst = (rows_out - rows_ref).norm(dim=-1).max().item()
+    return worst / scale if scale > 0 else worst
+
+
 def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill a preallocated output with NaN so an unwritten element can never pass."""
     return t.fill_(float("nan"))

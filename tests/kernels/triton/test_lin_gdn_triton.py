@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.util import TOL, rel_err
+from tests.util import TOL, rel_err, row_err
 
 lin = pytest.importorskip("kernels.linearized_softmax_gdn")
 if not hasattr(lin, "LinGDNState"):
@@ -79,6 +79,9 @@ def run_case(B, T, H, K, V, count, dtype, seed, final=True):
     grads_ref = torch.autograd.grad(outs_ref, ref, cots_ref)
     for name, a, b in zip(("dq", "dk", "dv", "dh", "dk_sum", "dv_sum"), grads, grads_ref):
         errors[name] = rel_err(a, b)  # inf for any NaN/inf entry
+    for name, a, b in zip(("dq", "dk", "dv"), grads, grads_ref):
+        errors[f"{name} (worst row)"] = row_err(a, b)
+    errors["o (worst row)"] = row_err(o, o_ref)
     # fp64 inputs run the kernels in fp32: fp32's tolerance
     tol = TOL[torch.float32 if dtype == torch.float64 else dtype]
     bad = {n: e for n, e in errors.items() if not e < tol}

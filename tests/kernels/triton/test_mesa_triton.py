@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.mesa import MesaState, mesa, triton_function
-from tests.util import TOL, rel_err
+from tests.util import TOL, rel_err, row_err
 
 F64 = torch.float64
 NAMES = ("o", "h_kk", "h_kv", "dq", "dk", "dv", "dg", "dbeta", "dlamb", "dh_kk0", "dh_kv0")
@@ -57,6 +57,7 @@ def check(leaves, dtype, tol, **options):
     ref = run(leaves, F64, "reference")
     assert ours[0].dtype == dtype and ours[1].dtype == (F64 if dtype == F64 else torch.float32)
     errors = {name: rel_err(a, b) for name, a, b in zip(NAMES, ours, ref)}
+    errors.update({f"{name} (worst row)": row_err(a, b) for name, a, b in zip(NAMES, ours, ref)})
     bad = {name: f"{err:.2e}" for name, err in errors.items() if not err < tol}
     assert not bad, f"errors over {tol:g}: {bad} (all: { {n: f'{e:.1e}' for n, e in errors.items()} })"
 
