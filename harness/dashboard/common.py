@@ -83,12 +83,20 @@ def group_by_setting(items: Iterable[Item], with_device: bool = True) -> list[tu
     return sorted(groups.items(), key=lambda kv: (-len({it.rec.mixer for it in kv[1]}), kv[0]))
 
 
-def latest_per_mixer(items: Iterable[Item]) -> dict[str, Item]:
-    """The most recently finished record of each mixer, mixers in name order."""
+def best_per_mixer(items: Iterable[Item], task: str) -> dict[str, Item]:
+    """Each mixer's best ok record by its task's primary metric, mixers in name order: the run
+    the leaderboard's row shows, so a figure drawn from it agrees with the table."""
+    from tasks.registry import get_task
+
+    meta = get_task(task)
     best: dict[str, Item] = {}
     for it in items:
+        value = it.rec.metrics.get(meta.primary_metric)
+        if it.rec.status != "ok" or value is None:
+            continue
         cur = best.get(it.rec.mixer)
-        if cur is None or it.rec.finished > cur.rec.finished:
+        old = None if cur is None else cur.rec.metrics[meta.primary_metric]
+        if old is None or (value > old if meta.higher_is_better else value < old):
             best[it.rec.mixer] = it
     return dict(sorted(best.items()))
 
@@ -132,9 +140,12 @@ def colour(name: str) -> str:
 
 
 def axis(title: str, log: bool = False, **extra: Any) -> dict[str, Any]:
-    out = {"title": {"text": title}, "type": "log" if log else "linear", "zeroline": False, **extra}
+    """A Plotly axis. Log axes label every tick in full ("~g": 0.3, 0.4, ... where Plotly's own
+    labels drop the leading "0."); pass tickformat="~s" for large counts (1M, 2M)."""
+    out = {"title": {"text": title}, "type": "log" if log else "linear", "zeroline": False}
     if log:
-        out["exponentformat"] = "SI"
+        out.update(exponentformat="SI", tickformat="~g")
+    out.update(extra)
     return out
 
 

@@ -14,8 +14,8 @@ from harness.dashboard.common import (
     Figure,
     Item,
     axis,
+    best_per_mixer,
     colour,
-    latest_per_mixer,
     layout,
     length_axis,
     loglog_interp,
@@ -38,7 +38,7 @@ def _title(kind: str, key: tuple, items: list[Item]) -> tuple[str, str]:
     """(title, subtitle) of a figure of one (preset, device, setting) group."""
     preset, device, _ = key
     shape = _shape_text(items)
-    return kind, f"{device} · preset {preset}" + (f" · {shape}" if shape else "")
+    return kind, f"{device} · preset {preset}" + (f" · {shape}" if shape else "") + " · best run per mixer, as in the table"
 
 
 class _Traces:
@@ -79,7 +79,10 @@ def _multi_view(fig_id: str, title: tuple[str, str], views: list[tuple[str, Call
             del traces.data[before:], traces.view_of[before:]
     if not traces.data:
         return None
-    lay = layout(title[0], length_axis(xtitle, trace_xs(traces.data)), axis(ytitle, log=True), subtitle=title[1])
+    # times read best as plain numbers (0.5 ms), counts with SI prefixes (2M tokens/s, 64k bytes)
+    yformat = "~g" if ytitle.startswith("ms") else "~s"
+    lay = layout(title[0], length_axis(xtitle, trace_xs(traces.data)), axis(ytitle, log=True, tickformat=yformat),
+                 subtitle=title[1])
     if len(labels) > 1:
         lay["updatemenus"] = view_menu(labels, traces.visibility(len(labels)))
     return Figure(fig_id, f"{title[0]} · {title[1]}", traces.data, lay, sources, note)
@@ -153,7 +156,7 @@ def throughput_figures(groups: list[tuple[tuple, list[Item]]]) -> list[Figure]:
     """Per (preset, device, setting): tokens/s vs T; and decode latency vs context length."""
     figures = []
     for n, (key, items) in enumerate(groups):
-        latest = latest_per_mixer(items)
+        latest = best_per_mixer(items, "throughput")
         sources = list(latest.values())
         tokens_per_s = lambda p, ms: p["tokens"] / (ms / 1e3)  # noqa: E731
         views = _speed_views(latest, ["fwdbwd", "fwd"], "tokens_per_s", tokens_per_s,
@@ -178,7 +181,7 @@ def memory_figures(groups: list[tuple[tuple, list[Item]]]) -> list[Figure]:
     """Per (preset, device, setting): peak fwd+bwd memory vs T; decode-state bytes vs context."""
     figures = []
     for n, (key, items) in enumerate(groups):
-        latest = latest_per_mixer(items)
+        latest = best_per_mixer(items, "memory")
         sources = list(latest.values())
         modes = sorted({p.get("mode") for it in sources for p in it.rec.details.get("points", [])},
                        key=lambda m: (m != "layer", str(m)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from harness.dashboard.common import Figure, Item, axis, colour, latest_per_mixer, layout, length_axis, view_menu
+from harness.dashboard.common import Figure, Item, axis, best_per_mixer, colour, layout, length_axis, view_menu
 
 
 def _mqar_setting_text(rec) -> str:
@@ -42,7 +42,8 @@ def mqar_figures(groups: list[tuple[tuple, list[Item]]]) -> list[Figure]:
         for kind, x_of, xaxis in (
             ("d_model", lambda d, it: d,
              axis("model width d_model", log=True, tickvals=widths, ticktext=[str(w) for w in widths])),
-            ("state", lambda d, it: it.rec.metrics.get("state_size"), axis("decode state (floats per sequence)", log=True)),
+            ("state", lambda d, it: it.rec.metrics.get("state_size"),
+             axis("decode state (floats per sequence)", log=True, tickformat="~s")),
         ):
             data = []
             for mixer, pts in sorted(by_mixer.items()):
@@ -82,12 +83,12 @@ def niah_figures(groups: list[tuple[tuple, list[Item]]]) -> list[Figure]:
     """Per (preset, setting): accuracy vs context length per mixer, then one heatmap per mixer."""
     figures = []
     for n, ((preset, _), items) in enumerate(groups):
-        latest = {m: it for m, it in latest_per_mixer(items).items() if it.rec.details.get("cells")}
-        if not latest:
+        best = {m: it for m, it in best_per_mixer(items, "niah").items() if it.rec.details.get("cells")}
+        if not best:
             continue
-        train_len = next(iter(latest.values())).rec.config.get("train_len")
+        train_len = next(iter(best.values())).rec.config.get("train_len")
         lines = []
-        for mixer, it in latest.items():
+        for mixer, it in best.items():
             tally: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])
             for c in it.rec.details["cells"]:
                 t = tally[(c["seq_len"], c["variant"])]
@@ -100,13 +101,13 @@ def niah_figures(groups: list[tuple[tuple, list[Item]]]) -> list[Figure]:
         title = "NIAH accuracy vs context length"
         lay = layout(title, length_axis("context length", [x for tr in lines for x in tr["x"]]),
                      axis("accuracy (mean over variants and depths)", range=[0, 1.05]),
-                     subtitle=f"preset {preset} · trained at length {train_len}")
+                     subtitle=f"preset {preset} · trained at length {train_len} · best run per mixer, as in the table")
         if train_len:
             lay["shapes"] = [{"type": "line", "x0": train_len, "x1": train_len, "yref": "paper", "y0": 0, "y1": 1,
                               "line": {"dash": "dot", "color": "#888"}}]
-        figures.append(Figure(f"niah-lines-{n}", title, lines, lay, list(latest.values()),
+        figures.append(Figure(f"niah-lines-{n}", title, lines, lay, list(best.values()),
                               "The dotted line is the training length: to its right the model extrapolates."))
-        for mixer, it in latest.items():
+        for mixer, it in best.items():
             figures.append(_heatmap(f"niah-{n}-{mixer}", mixer, preset, train_len, it))
     return figures
 
@@ -130,7 +131,7 @@ def _heatmap(fig_id: str, mixer: str, preset: str, train_len: Any, it: Item) -> 
         })
     title = f"NIAH accuracy of {mixer}"
     lay = layout(title, axis("needle depth", type="category"), axis("context length", type="category"), height=400,
-                 subtitle=f"preset {preset} · trained at length {train_len} · {it.rec.device}")
+                 subtitle=f"preset {preset} · trained at length {train_len} · {it.rec.device} · the table's best run")
     if len(views) > 1:
         shown = [[j == i for j in range(len(views))] for i in range(len(views))]
         lay["updatemenus"] = view_menu([lab for lab, _ in views], shown)
@@ -141,10 +142,10 @@ def fidelity_figures(groups: list[tuple[tuple, list[Item]]]) -> list[Figure]:
     """Per (preset, setting): error vs T by logit scale and on trained q, k, v; error vs scale; swap accuracy."""
     figures = []
     for n, ((preset, _), items) in enumerate(groups):
-        latest = {m: it for m, it in latest_per_mixer(items).items() if it.rec.details.get("gaussian")}
-        if not latest:
+        best = {m: it for m, it in best_per_mixer(items, "fidelity").items() if it.rec.details.get("gaussian")}
+        if not best:
             continue
-        sources = list(latest.values())
+        sources = list(best.values())
         stds = sorted({g["logit_std"] for it in sources for g in it.rec.details["gaussian"]})
         labels, data, view_of = [], [], []
         for view, std in enumerate([*stds, "trained"]):
@@ -171,7 +172,8 @@ def fidelity_figures(groups: list[tuple[tuple, list[Item]]]) -> list[Figure]:
                         view_of.append(view)
         title = "Fidelity to causal softmax vs T"
         lay = layout(title, length_axis("sequence length T", [x for tr in data for x in tr["x"]]),
-                     axis("||o − o_softmax|| / ||o_softmax||", log=True), subtitle=f"preset {preset}")
+                     axis("||o − o_softmax|| / ||o_softmax||", log=True),
+                     subtitle=f"preset {preset} · best run per mixer, as in the table")
         lay["updatemenus"] = view_menu(labels, [[v == i for v in view_of] for i in range(len(labels))])
         figures.append(Figure(f"fidelity-T-{n}", title, data, lay, sources,
                               "Gaussian q, k, v at each logit scale, or the q, k, v that a trained softmax model "

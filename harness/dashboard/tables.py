@@ -4,6 +4,7 @@ provenance block under each figure."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from html import escape
 from typing import Any, Iterable
@@ -32,9 +33,24 @@ def _num_cell(value: Any, item: Item | None, title: str = "") -> str:
     return _cell(text, value, "num", title or (f"{value!r} · record {item.rec.run_id}" if item else ""))
 
 
-def _table(table_id: str, header: list[tuple[str, str]], rows: list[str], cls: str = "board") -> str:
-    """header: (label, kind) with kind 'num' or 'text' (how the column sorts)."""
-    ths = "".join(f'<th data-kind="{kind}" tabindex="0">{escape(label)}</th>' for label, kind in header)
+def readable(metric: str) -> str:
+    """A metric id as a column label: accuracy_kv16 -> "accuracy · kv 16",
+    rel_err_lin_gdn_std0p25 -> "rel. error · lin_gdn · std 0.25", peak_mib@512 -> "peak MiB @ 512",
+    train_time_s -> "train time s". The id itself stays the column's title (hover)."""
+    text = re.sub(r"std(\d+)p(\d+)", r"std\1.\2", metric)
+    text = re.sub(r"(?<![a-z])(kv|len|depth|std)(\d)", r"\1 \2", text)
+    text = text.replace("@", " @ ").replace("_mib", " MiB").replace("_per_s", "/s")
+    for prefix, label in (("rel_err_", "rel. error"), ("accuracy_", "accuracy")):
+        if text.startswith(prefix):  # the rest names an op or a setting: kept as written
+            return f"{label} · " + text[len(prefix):].replace("_std", " · std").replace("_trained", " · trained")
+    return "rel. error" if text == "rel_err" else text.replace("_", " ")
+
+
+def _table(table_id: str, header: list[tuple[str, ...]], rows: list[str], cls: str = "board") -> str:
+    """header: (label, kind[, title]) with kind 'num' or 'text' (how the column sorts); the title
+    (the raw metric id) shows on hover."""
+    ths = "".join(f'<th data-kind="{h[1]}" tabindex="0"' + (f' title="{_attr(h[2])}"' if len(h) > 2 else "")
+                  + f">{escape(h[0])}</th>" for h in header)
     return (f'<div class="table-wrap"><table id="{_attr(table_id)}" class="{cls} sortable">'
             f"<thead><tr>{ths}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
 
@@ -49,7 +65,7 @@ def leaderboard_html(boards: list[Board], items_by_rel: dict[str, Item]) -> tupl
         columns = list(dict.fromkeys(c for b in task_boards for c in b.columns))
         directions = {b.metric: b.higher_is_better for b in task_boards}
         header = [("rank", "num"), ("mixer", "text"), ("preset", "text"), ("device", "text"), ("setting", "text")]
-        header += [(c, "num") for c in columns]
+        header += [(readable(c), "num", c) for c in columns]
         header += [("backend", "text"), ("runs", "num"), ("config", "text"), ("commit", "text"), ("finished", "text")]
         rows = []
         for b in task_boards:

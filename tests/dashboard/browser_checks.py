@@ -140,6 +140,39 @@ def test_tables_hold_the_records_rows(site, loaded, page):
     assert record["task"] == "mqar" and record["status"] == "ok"
 
 
+def test_figures_show_the_tables_best_runs(site, loaded):
+    """Each NIAH mixer's line is drawn from the record its table row links to (gdn has a later,
+    worse run that must not be drawn), and that row's accuracy is the record's."""
+    results, _, boards = site
+    page = loaded
+    (board,) = [b for b in boards if b.task == "niah"]
+    headers = page.eval_on_selector_all("#board-niah thead th", "ths => ths.map(t => t.textContent)")
+    col = headers.index("accuracy")
+    rows = page.eval_on_selector_all(
+        "#board-niah tbody tr", f"rs => rs.map(r => [r.dataset.mixer, r.cells[{col}].querySelector('a').getAttribute('href'),"
+        f" r.cells[{col}].dataset.v])")
+    drawn = page.evaluate("""() => Object.fromEntries(document.getElementById('niah-lines-0').data
+                               .map(t => [t.name, t.customdata[0][0]]))""")
+    assert sorted(drawn) == sorted(m for m, _, _ in rows)
+    for mixer, href, shown in rows:
+        assert drawn[mixer] == href, mixer
+        best = next(r for r in board.rows if r["mixer"] == mixer)
+        assert float(shown) == pytest.approx(best["accuracy"]) and href.endswith(Path(best["record"]).name)
+    gdn = [json.loads(p.read_text()) for p in (results / "runs" / "niah").glob("*-niah-gdn-*.json")]
+    assert len(gdn) == 2 and max(gdn, key=lambda r: r["finished"])["metrics"]["accuracy"] < best_accuracy(gdn)
+
+
+def test_log_ticks_are_labelled_in_full(loaded):
+    """Relative errors below 1 on a log axis read 0.3, 0.4, ... (not Plotly's bare 3, 4, ...)."""
+    labels = loaded.eval_on_selector_all("#fidelity-T-0 .ytick text", "ts => ts.map(t => t.textContent)")
+    assert any(t.startswith("0.") for t in labels), labels
+    assert not [t for t in labels if t in list("23456789")], labels
+
+
+def best_accuracy(records: list[dict]) -> float:
+    return max(r["metrics"]["accuracy"] for r in records)
+
+
 def _column(page, table: str, col: int, numeric: bool) -> list:
     values = page.eval_on_selector_all(f"{table} tbody tr:not([hidden])", f"rs => rs.map(r => r.cells[{col}].dataset.v)")
     return [float(v) for v in values if v != ""] if numeric else [v.lower() for v in values]

@@ -176,3 +176,16 @@ def test_serve_on_loopback(sample):
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def test_column_labels_are_readable_and_keep_the_id():
+    from harness.dashboard.tables import readable
+
+    assert readable("rel_err_lin_gdn_std0p25") == "rel. error · lin_gdn · std 0.25"
+    assert readable("accuracy_kv16") == "accuracy · kv 16" and readable("peak_mib@512") == "peak MiB @ 512"
+    assert readable("train_time_s") == "train time s" and readable("accuracy") == "accuracy"
+
+
+def test_table_headers_show_labels_with_the_metric_id_on_hover(sample):
+    _, _, html = sample
+    assert 'title="rel_err">rel. error</th>' in html and 'title="swap_accuracy">swap accuracy</th>' in html
