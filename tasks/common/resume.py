@@ -64,9 +64,13 @@ def load_state(folder: Path | None, model: torch.nn.Module, opt: torch.optim.Opt
         raise ValueError(
             f"{path}: saved for {payload.get('total_steps')} training steps (state version "
             f"{payload.get('version')}), this run has {total_steps} (version {STATE_VERSION}); delete it to start over")
-    model.load_state_dict(payload["model"])
-    opt.load_state_dict({"state": payload["optimizer"], "param_groups": opt.state_dict()["param_groups"]})
-    gen.set_state(payload["generator"].cpu())
+    try:
+        model.load_state_dict(payload["model"])
+        opt.load_state_dict({"state": payload["optimizer"], "param_groups": opt.state_dict()["param_groups"]})
+        gen.set_state(payload["generator"].cpu())
+    except (RuntimeError, KeyError, ValueError) as e:  # the model changed since the state was saved
+        raise ValueError(f"{path}: this run's model does not take the saved training state ({type(e).__name__}: "
+                         f"{str(e)[:200]}); delete it to start over") from e
     return SavedProgress(**payload["progress"])
 
 

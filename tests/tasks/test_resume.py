@@ -147,3 +147,12 @@ def test_a_cut_graphed_run_resumes_close_to_the_whole_run(tmp_path):
     assert stats.resumed_at_epoch == 1 and stats.step_mode == "cuda_graph" and stats.graph_steps > 0
     for (name, p), q in zip(whole.named_parameters(), resumed.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_state_of_another_model_is_refused_by_name(tmp_path):
+    resume = tmp_path / "resume"
+    train(_lm(), _blocks(), TrainConfig(epochs=1, batch_size=5), _ctx(tmp_path, resume))
+    torch.manual_seed(0)
+    other = MixerLM("gdn", 16, ModelConfig(d_model=16, n_layers=2, mixer={"num_heads": 2}))
+    with pytest.raises(ValueError, match="(?s)does not take the saved training state.*delete it"):
+        train(other, _blocks(), TrainConfig(epochs=1, batch_size=5), _ctx(tmp_path, resume))
