@@ -94,7 +94,8 @@ def intra_A_sub(b_q, b_k, b_g, gamma, seq, t0, last, i_k, T,
     # keys around r_s for sub-chunks <= s; a later key keeps its own factor (in [1, 2^span],
     # finite) and is masked out of the causal product
     b_kr = b_k.to(tl.float32) * tl.exp2(b_gsub - b_g)
-    b_gprev = load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
+    # the first sub-chunk rescales no key (o_sub < 0 is empty), so its previous row is moot
+    b_gprev = tl.zeros([BK], dtype=tl.float32)
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for s in tl.static_range(BT // BC):
         b_gr = load_row(gamma + seq * K, tl.minimum(t0 + s * BC, last), i_k * BK, T, K, H * K, BK)
@@ -175,7 +176,7 @@ def dqk_intra_sub(b_q, b_k, b_g, b_dA, gamma, seq, t0, last, i_k, T,
     # e^{r_s - gamma_j} for keys of sub-chunks <= s; a later key keeps its own factor (in
     # [1, 2^span], finite) and meets only zeros of the causal dA
     b_kr = tl.exp2(b_gsub - b_g)
-    b_gprev = load_row(gamma + seq * K, t0, i_k * BK, T, K, H * K, BK)
+    b_gprev = tl.zeros([BK], dtype=tl.float32)  # moot in the first sub-chunk, as in intra_A_sub
     b_dAc = b_dA.to(b_k.dtype)
     b_p = tl.zeros([BT, BK], dtype=tl.float32)  # dq before the query factor
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)

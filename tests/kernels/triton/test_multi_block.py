@@ -35,24 +35,49 @@ def small_tiles(monkeypatch):
             monkeypatch.setitem(table, name, {**entry, **small})
 
 
-@pytest.mark.parametrize("fused", [1, 0], ids=["fused", "two_kernels"])
-def test_linear_attention(compare, monkeypatch, fused):
+FORWARDS = {  # the linear/GLA forward: (enabled, min_heads, segment_programs) of the fused entries
+    "fused": (1, 1, None),
+    "segmented": (1, 1024, 64),  # fewer heads than min_heads: each sequence cut into segments (3 here)
+    "two_kernels": (0, 1, None),
+}
+
+
+def _forward(monkeypatch, name: str) -> None:
     from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
 
-    for name in FUSED_FORWARD_ENTRIES:
-        monkeypatch.setitem(LAUNCH, name, {**LAUNCH[name], "enabled": fused})
+    enabled, min_heads, segments = FORWARDS[name]
+    for entry in FUSED_FORWARD_ENTRIES:
+        setting = {**LAUNCH[entry], "enabled": enabled, "min_heads": min_heads}
+        if segments is not None and setting["segment_programs"]:
+            setting["segment_programs"] = segments
+        monkeypatch.setitem(LAUNCH, entry, setting)
+
+
+@pytest.mark.parametrize("forward", list(FORWARDS))
+def test_linear_attention(compare, monkeypatch, forward):
+    _forward(monkeypatch, forward)
     tensors, h0 = test_linear_triton.make_inputs(B, T, H, K, V, torch.float32, seed=1)
     compare(linear_attention, tensors, h0, TOL[torch.float32], chunk_size=CHUNK)
 
 
-@pytest.mark.parametrize("fused", [1, 0], ids=["fused", "two_kernels"])
+@pytest.mark.parametrize("forward", list(FORWARDS))
 @pytest.mark.parametrize("vector", [False, True], ids=["scalar", "vector"])
-def test_gated_linear_attention(compare, monkeypatch, vector, fused):
-    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
-
-    for name in FUSED_FORWARD_ENTRIES:
-        monkeypatch.setitem(LAUNCH, name, {**LAUNCH[name], "enabled": fused})
+def test_gated_linear_attention(compare, monkeypatch, vector, forward):
+    _forward(monkeypatch, forward)
     tensors, h0 = test_gla_triton.make_inputs(B, T, H, K, V, torch.float32, vector, seed=2)
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=CHUNK)
+
+
+def test_gated_linear_attention_vector_gate_every_path(compare):
+    """Per-channel gates mild in the first chunk and very negative after it: the whole-chunk,
+    sub-chunk and exact paths of the vector-gate kernels, each across K-blocks (their
+    reference points and channel masks are per block)."""
+    tensors, h0 = test_gla_triton.make_inputs(B, T, H, K, V, torch.float32, True, seed=5)
+    g = tensors["g"].clone()
+    gen = torch.Generator().manual_seed(5)
+    g[:, CHUNK:2 * CHUNK] = -2.0 - 2.0 * torch.rand(B, CHUNK, H, K, generator=gen)
+    g[:, 2 * CHUNK:] = -12.0 - 8.0 * torch.rand(B, T - 2 * CHUNK, H, K, generator=gen)
+    tensors["g"] = g
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=CHUNK)
 
 
@@ -67,7 +92,69 @@ def test_delta_rules(compare, monkeypatch, gated, fused):
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[torch.float32], chunk_size=64)
 
 
-def test_the_shapes_really_span_blocks():
+def test_gated_linear_attention_vector_gate_blocks_unlike(compare):
+    """Mild gates on the first K-block's channels, very negative ones on the others: each
+    block's reference points (first, last, previous rows of its cumulative gate) must be its
+    own, or the exponents of the other blocks overflow."""
+    tensors, h0 = test_gla_triton.make_inputs(B, T, H, K, V, torch.float32, True, seed=6)
+    gen = torch.Generator().manual_seed(6)
+    g = -0.05 * torch.rand(B, T, H, K, generator=gen)
+    g[..., 16:] = -10.0 - 10.0 * torch.rand(B, T, H, K - 16, generator=gen)
+    tensors["g"] = g
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=CHUNK)
+
+
+def test_gated_linear_attention_vector_gate_reference_rows_per_block(compare):
+    """Each K-block on its own path with its own reference rows: the first block's channels
+    forget 100 nats at every chunk's first row (then barely decay: the whole-chunk path), the
+    second's barely decay (whole-chunk path too), the third's lose 6.5 nats a token (104 a
+    chunk: the exact path). A block that took another block's first row as its reference, or
+    chose its path by another block's first row, would scale by e^100 and overflow."""
+    tensors, h0 = test_gla_triton.make_inputs(B, T, H, K, V, torch.float32, True, seed=7)
+    g = torch.full((B, T, H, K), -0.01)
+    g[:, ::CHUNK, :, :16] = -100.0
+    g[..., 32:] = -6.5
+    tensors["g"] = g
+    # per chunk, the path of each K-block (0: whole chunk, 2: exact)
+    assert test_gla_triton.path_census(g, torch.float32, "intra_A", CHUNK) == [[0, 0, 2]] * 3
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=CHUNK)
+
+
+def test_the_shapes_really_span_blocks_and_segments(monkeypatch):
+    from kernels.common.triton.fused_forward import chunks_per_segment, segment_target
     from kernels.common.triton.launch import LAUNCH, tile
 
     assert K > 2 * tile(K, LAUNCH["bwd_dqk"]["BK"]) and K % 16 and V % 16 and T % CHUNK
+    _forward(monkeypatch, "segmented")
+    NT, programs = -(-T // CHUNK), B * H * -(-V // 16)
+    assert chunks_per_segment(NT, programs, segment_target(B * H, 0)) < NT
+
+
+def test_mesa(monkeypatch):
+    """MesaNet: the state passes' blocks lowered to 16 over K = 40 (and D = K or V), and V = 80
+    against the solve and gradient kernels' fixed 64-wide V-block: two V-blocks, the second
+    partial."""
+    from kernels.mesa import triton_function
+    from tests.kernels.triton import test_mesa_triton
+
+    for key in ("states_BK", "states_BD", "states_min_BD"):
+        monkeypatch.setitem(triton_function.TUNING, key, 16)
+    leaves = test_mesa_triton.make_inputs(B, T, 1, K, 80, seed=8)
+    test_mesa_triton.check(leaves, torch.float32, TOL[torch.float32], chunk_size=CHUNK, cg_steps=K + 16)
+
+
+@pytest.mark.parametrize("op", ["linear", "gla_vector", "gdn"])
+def test_decode_step_across_value_blocks(monkeypatch, op):
+    """The fused decode step's V-block is at most 64 wide: V = 80 is two blocks, the second
+    partial (K is one block by design)."""
+    from tests.kernels.triton import test_step_triton
+    from tests.util import rel_err, row_err
+
+    monkeypatch.setattr(test_step_triton, "V", 80)
+    args, state = test_step_triton.step_inputs(op, torch.float32)
+    assert args["v_t"].shape[-1] == 80
+    o, h = test_step_triton.STEPS[op](**args, state=state, scale=0.3, backend="triton")
+    ref = {n: t.double() for n, t in args.items()}
+    o_ref, h_ref = test_step_triton.STEPS[op](**ref, state=state.double(), scale=0.3, backend="torch")
+    for got, want in ((o, o_ref), (h, h_ref)):
+        assert rel_err(got, want) < TOL[torch.float32] and row_err(got, want) < TOL[torch.float32]
