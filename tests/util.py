@@ -41,6 +41,10 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+# row_err's bounds: TOL, except bf16, whose worst rows (8 mantissa bits, rows of 16-100 values)
+# measure up to 1.44e-2 in the chunked CPU forms (GLA's dg; 2026-12-02) against a whole-tensor
+# error near 4e-3. The worst of hundreds of rows sits above the mean; 2e-2 bounds it.
+ROW_TOL = {**TOL, torch.bfloat16: 2e-2}
 
 # pytestmark of the tests in tests/gpu: real Triton on a CUDA device only. Under
 # TRITON_INTERPRET (set for the whole CPU session by tests/conftest.py) the kernels would

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.gated_linear_attention import gated_linear_attention, gated_linear_attention_step
-from tests.util import TOL, rel_err
+from tests.util import ROW_TOL, TOL, rel_err, row_err
 
 B, H = 2, 2
 
@@ -91,6 +91,7 @@ def test_chunked_matches_fp64_reference(T, K, V, vector, with_state, chunk_size,
     assert got[0].dtype == dtype and got[1].dtype == torch.float32
     for name, a, b in zip(NAMES, got, ref):
         assert rel_err(a, b) < TOL[dtype], f"{name}: rel err {rel_err(a, b):.2e}"
+        assert row_err(a, b) < ROW_TOL[dtype], f"{name}: worst row {row_err(a, b):.2e}"
 
 
 @pytest.mark.parametrize("vector", [False, True], ids=["scalar", "vector"])
@@ -102,6 +103,7 @@ def test_chunked_other_input_dtypes(dtype, vector):
     assert got[0].dtype == dtype
     for name, a, b in zip(NAMES, got, ref):
         assert rel_err(a, b) < TOL[dtype], f"{name}: rel err {rel_err(a, b):.2e}"
+        assert row_err(a, b) < ROW_TOL[dtype], f"{name}: worst row {row_err(a, b):.2e}"
 
 
 @pytest.mark.parametrize("vector", [False, True], ids=["scalar", "vector"])
