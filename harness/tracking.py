@@ -64,8 +64,7 @@ class Tracker:
             dir=os.environ.get("WANDB_DIR") or None,
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )
-        return {"id": self._run.id, "path": "/".join(self._run.path) if isinstance(self._run.path, (list, tuple))
-                else str(self._run.path), "dir": str(Path(self._run.dir).parent)}
+        return {"id": self._run.id, "path": str(self._run.path), "dir": str(Path(self._run.dir).parent)}
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         if self._run is not None:

@@ -98,7 +98,7 @@ class MixerPrefillState:
         return build_layer(self.mixer, self.spec, device, self.seed)
 
     def call(self, state, probe):
-        x = torch.randn(1, probe.T, state.d_model, device=state_device(state), dtype=self.spec.dtype)
+        x = torch.randn(1, probe.T, state.d_model, device=next(state.parameters()).device, dtype=self.spec.dtype)
 
         def prefill() -> int:
             with torch.no_grad():
@@ -106,10 +106,6 @@ class MixerPrefillState:
             return cache_bytes(cache)
 
         return prefill
-
-
-def state_device(module: torch.nn.Module) -> torch.device:
-    return next(module.parameters()).device
 
 
 def peak_memory(workload: Workload, probes: list[Probe], device: torch.device, max_bytes: int | None = None,

@@ -191,6 +191,13 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
         stats.stop_reason, stats.resumed_at_epoch, stats.graph_steps = saved.stop_reason, saved.epoch, saved.graph_steps
     first_epoch = stats.epochs if stats.stop_reason == "epochs" else cfg.epochs
     start, eval_before = time.perf_counter(), stats.eval_time_s
+
+    def trained_s() -> float:  # training seconds so far, resumed runs' included, evaluations not
+        return done_before + time.perf_counter() - start - (stats.eval_time_s - eval_before)
+
+    def graph_steps() -> int:  # replayed steps so far, resumed runs' included
+        return stats.graph_steps + (runner.graph_steps if runner is not None else 0)
+
     bar = ctx.progress.add_task(f"train {ctx.mixer}", total=total)
     if step:
         ctx.progress.update(bar, completed=step, description=f"train {ctx.mixer} (resumed at epoch {stats.epochs})")
@@ -242,17 +249,13 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
                 stats.stop_reason = "early_stop"
         if ctx.resume_dir is not None:
             save_state(ctx.resume_dir, model, opt, gen, total, SavedProgress(
-                epoch=stats.epochs, step=step, loss=loss_value, eval_time_s=stats.eval_time_s,
-                train_time_s=done_before + time.perf_counter() - start - (stats.eval_time_s - eval_before),
-                eval_curve=stats.eval_curve, stop_reason=stats.stop_reason,
-                graph_steps=stats.graph_steps + (runner.graph_steps if runner is not None else 0)))
+                epoch=stats.epochs, step=step, loss=loss_value, train_time_s=trained_s(), eval_time_s=stats.eval_time_s,
+                eval_curve=stats.eval_curve, stop_reason=stats.stop_reason, graph_steps=graph_steps()))
         if stats.stop_reason == "early_stop":
             break
     ctx.progress.remove_task(bar)
-    stats.steps, stats.final_loss = step, loss_value
-    if runner is not None:
-        stats.graph_steps, stats.graphs = stats.graph_steps + runner.graph_steps, len(runner.captured)
-    stats.train_time_s = done_before + time.perf_counter() - start - (stats.eval_time_s - eval_before)
+    stats.steps, stats.final_loss, stats.train_time_s = step, loss_value, trained_s()
+    stats.graph_steps, stats.graphs = graph_steps(), len(runner.captured) if runner is not None else 0
     return stats
 
 

@@ -37,6 +37,20 @@ class Cut(Exception):
     pass
 
 
+def _cut_at(evaluation: int):
+    """An evaluate() that returns 0.25 until its `evaluation`-th call, which raises Cut (the
+    state of the epoch before stays saved)."""
+    calls = []
+
+    def evaluate() -> float:
+        calls.append(1)
+        if len(calls) == evaluation:
+            raise Cut
+        return 0.25
+
+    return evaluate
+
+
 @pytest.mark.parametrize("schedule", ["warmup_cosine", "epoch_cosine"])
 def test_a_cut_run_resumes_to_the_same_weights(tmp_path, schedule):
     cfg = TrainConfig(epochs=4, batch_size=5, lr=3e-3, early_stop=1.0, schedule=schedule)
@@ -44,16 +58,8 @@ def test_a_cut_run_resumes_to_the_same_weights(tmp_path, schedule):
     whole_stats = train(whole, _blocks(), cfg, _ctx(tmp_path, None), evaluate=lambda: 0.25)
 
     resume = tmp_path / "resume"
-    calls = []
-
-    def cut_in_epoch_three():
-        calls.append(1)
-        if len(calls) == 3:
-            raise Cut
-        return 0.25
-
     with pytest.raises(Cut):
-        train(_lm(), _blocks(), cfg, _ctx(tmp_path, resume), evaluate=cut_in_epoch_three)
+        train(_lm(), _blocks(), cfg, _ctx(tmp_path, resume), evaluate=_cut_at(3))
     assert (resume / STATE_FILE).is_file()
     resumed = _lm()  # fresh weights: everything must come from the saved state
     stats = train(resumed, _blocks(), cfg, _ctx(tmp_path, resume), evaluate=lambda: 0.25)
@@ -132,16 +138,8 @@ def test_a_cut_graphed_run_resumes_close_to_the_whole_run(tmp_path):
     whole = _lm().cuda()
     train(whole, _blocks(), cfg, ctx, evaluate=lambda: 0.25)
     resume = tmp_path / "resume"
-    calls = []
-
-    def cut_in_epoch_two():
-        calls.append(1)
-        if len(calls) == 2:
-            raise Cut
-        return 0.25
-
     with pytest.raises(Cut):
-        train(_lm().cuda(), _blocks(), cfg, dataclasses.replace(ctx, resume_dir=resume), evaluate=cut_in_epoch_two)
+        train(_lm().cuda(), _blocks(), cfg, dataclasses.replace(ctx, resume_dir=resume), evaluate=_cut_at(2))
     resumed = _lm().cuda()
     stats = train(resumed, _blocks(), cfg, dataclasses.replace(ctx, resume_dir=resume), evaluate=lambda: 0.25)
     assert stats.resumed_at_epoch == 1 and stats.step_mode == "cuda_graph" and stats.graph_steps > 0
