@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.progress import make_progress
+from harness.records import SEED_MAX
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark and evaluate sequence mixers.")
 # Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns.
@@ -42,6 +43,10 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
 def fail(message: str, code: int = 2) -> "typer.Exit":
     err_console.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    err_console.print(f"[yellow]warning:[/] {escape(message)}")
 
 
 @app.command("list")
@@ -96,7 +101,7 @@ def run_cmd(
     mixer: str = typer.Option(..., "--mixer", "-m", help="mixer name(s), comma-separated"),
     task: str = typer.Option(..., "--task", "-t", help="task name"),
     device: str = typer.Option("auto", help="auto, cpu or cuda"),
-    seed: int = typer.Option(0, help="random seed"),
+    seed: int = typer.Option(0, help=f"random seed, 0 to {SEED_MAX}"),
     preset: str = typer.Option("default", help="named preset of the task"),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="override a config key: key=value (dotted keys)"),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file of config overrides"),
@@ -105,7 +110,7 @@ def run_cmd(
     log_every: int = typer.Option(50, "--log-every", min=1, help="training steps between logged loss/lr points"),
 ) -> None:
     """Run a task for one or more mixers; writes one record per (mixer, task)."""
-    from harness.config import ConfigError, check_task_config, check_task_takes, resolve_config, validate_mixer_options
+    from harness.config import ConfigError, check_mixer_run, check_seed, check_task_config, resolve_config
     from harness.runner import DeviceError, RunSpec, execute, resolve_device
     from harness.tracking import Tracker
     from mixers import UnknownMixerError, get_mixer
@@ -118,12 +123,12 @@ def run_cmd(
         task_cls = get_task(task)
         for name in names:
             get_mixer(name)
+        check_seed(seed)
         dev = resolve_device(device)
         cfg = resolve_config(task_cls, preset, config, set_ or [])
         check_task_config(task_cls, cfg, dev.type)
         for name in names:
-            check_task_takes(task_cls, name)
-            validate_mixer_options(name, cfg, dev.type)
+            check_mixer_run(task_cls, name, cfg, dev.type)
         _prepare(results)
     except (UnknownMixerError, UnknownTaskError, DeviceError, ConfigError, ValueError) as e:
         raise fail(str(e)) from None
@@ -204,10 +209,12 @@ def leaderboard_cmd(
 ) -> None:
     """Tables of the best run per mixer and task setting, from the records; writes LEADERBOARD.md."""
     from harness.leaderboard import build_boards, to_markdown
+    from harness.records import reporting_unreadable
 
     if not Path(results).is_dir():
         raise fail(f"--results {results} is not a directory (records live under <results>/runs)")
-    boards, count = build_boards(results)
+    with reporting_unreadable(warn):
+        boards, count = build_boards(results)
     # Piped, the tables take COLUMNS when it is set (they are the one output sized to a screen).
     columns = os.environ.get("COLUMNS", "")
     out_console = Console(width=int(columns)) if not console.is_terminal and columns.isdigit() else console

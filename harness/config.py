@@ -14,14 +14,49 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from harness.records import SEED_MAX
 from kernels import resolve_backend
 from mixers import get_mixer
 from mixers.base import layer_widths
 from tasks.base import Task
+from tasks.common.layer_config import LayerTaskConfig
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be resolved; the message says what and what is valid."""
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping that holds one key twice (PyYAML would keep the last without a word)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate keys in a mapping."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *anchor` merges; a key set beside it overrides the merged one on purpose
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            seen = key in first_line
+        except TypeError:
+            continue  # an unhashable key: construct_mapping names it
+        if seen:
+            raise DuplicateKeyError(f"duplicate key {key!r} on line {key_node.start_mark.line + 1} (first on line "
+                                    f"{first_line[key]}); a key may appear once in a mapping")
+        first_line[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_yaml(text: str) -> Any:
+    """yaml.safe_load, except that a mapping holding a key twice raises DuplicateKeyError."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -52,7 +87,9 @@ def valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
 def parse_value(text: str) -> Any:
     """A --set value: YAML scalars, lists and mappings ('3', '1e-3', 'true', '[64, 128]')."""
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
+    except DuplicateKeyError:
+        raise
     except yaml.YAMLError:
         return text
 
@@ -86,7 +123,7 @@ def apply_set(data: dict[str, Any], key: str, value: Any, model: type[BaseModel]
 def load_config_file(path: Path) -> dict[str, Any]:
     """A YAML or JSON mapping of config overrides."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = load_yaml(Path(path).read_text())
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
@@ -125,7 +162,11 @@ def resolve_config(
         if "=" not in item:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         key, text = item.split("=", 1)
-        apply_set(data, key.strip(), parse_value(text.strip()), task.Config)
+        try:
+            value = parse_value(text.strip())
+        except DuplicateKeyError as e:
+            raise ConfigError(f"--set {item!r}: {e}") from None
+        apply_set(data, key.strip(), value, task.Config)
     try:
         return task.Config(**data)
     except ValidationError as e:
@@ -150,38 +191,66 @@ def check_task_config(task_cls: type, config: BaseModel, device_type: str) -> No
         raise ConfigError(f"invalid config for task {task_cls.name!r}: {e}") from None
 
 
-def validate_mixer_options(mixer: str, config: BaseModel, device: str | None = None) -> None:
-    """Check the task's mixer options against the mixer's own Config, the layer widths against
-    d_model, and (given the device type, "cpu" or "cuda") that a requested backend runs there.
+def check_seed(seed: int, option: str = "--seed") -> None:
+    """ConfigError unless `seed` is one every random generator of a run takes (0..SEED_MAX)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ConfigError(f"{option} {seed!r} is out of range; valid seeds: integers from 0 to {SEED_MAX}")
 
-    Tasks keep them in `model.mixer` (the recall tasks' LM) or a top-level `mixer` dict
-    (the efficiency tasks' single layer)."""
+
+def check_mixer_run(task_cls: type, mixer: str, config: BaseModel, device_type: str) -> None:
+    """Everything about one mixer in a resolved config that `harness run` and `harness sweep`
+    check before any run starts: the task takes the mixer, and its options are valid here."""
+    check_task_takes(task_cls, mixer)
+    validate_mixer_options(mixer, config, device_type)
+
+
+def _mixer_layers(mixer: str, config: BaseModel) -> list[tuple[str, str, dict[str, Any], int | None, Any]]:
+    """(where, mixer name, options, d_model, dtype) of each layer a task builds from `config`:
+    the recall tasks' LM (`model.mixer`, then `model.per_mixer.<mixer>`), or the efficiency tasks'
+    layer under test (`mixer`) and softmax baseline (`softmax`), with the task's sizes and dtype."""
+    if isinstance(config, LayerTaskConfig):
+        layers = []
+        for where, name, options in (("mixer", mixer, config.mixer), ("softmax", "softmax", config.softmax)):
+            spec = config.layer_spec(options)
+            sized = {"num_heads": spec.num_heads, "head_dim": spec.head_dim, **options}  # as build_layer makes it
+            layers.append((where, name, sized, spec.d_model, spec.dtype))
+        return layers
     model = getattr(config, "model", None)
-    model_options = model.mixer_options(mixer) if hasattr(model, "mixer_options") else getattr(model, "mixer", None)
-    where_model = f"model.mixer (with model.per_mixer.{mixer})" if getattr(model, "per_mixer", {}).get(mixer) else "model.mixer"
-    for where, options in ((where_model, model_options), ("mixer", getattr(config, "mixer", None))):
-        if not isinstance(options, dict):
-            continue
+    if not hasattr(model, "mixer_options"):
+        return []  # per_mixer names are checked by ModelConfig itself
+    where = f"model.mixer (with model.per_mixer.{mixer})" if model.per_mixer.get(mixer) else "model.mixer"
+    return [(where, mixer, model.mixer_options(mixer), model.d_model, None)]
+
+
+def validate_mixer_options(mixer: str, config: BaseModel, device: str | None = None) -> None:
+    """Check the options of every layer the task builds against the mixer's own Config, the
+    layer widths against d_model, and (given the device type, "cpu" or "cuda") that a requested
+    backend runs there for the layer's dtype. ConfigError names the option and what is valid."""
+    for where, name, options, d_model, dtype in _mixer_layers(mixer, config):
+        mixer_cls = get_mixer(name)
         try:
-            mixer_config = get_mixer(mixer).Config(**options)
+            mixer_config = mixer_cls.Config(**options)
         except ValidationError as e:
-            problems = "; ".join(
-                f"{where}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
-                for err in e.errors()
-            )
-            raise ConfigError(f"invalid options for mixer {mixer!r}: {problems}") from None
+            problems = []
+            for err in e.errors():
+                loc = f"{where}.{'.'.join(str(p) for p in err['loc'])}"
+                if err["type"] == "extra_forbidden":
+                    problems.append(f"{loc}: not an option of {name} (valid options: "
+                                    f"{', '.join(mixer_cls.Config.model_fields)})")
+                else:
+                    problems.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+            raise ConfigError(f"invalid options for mixer {name!r}: {'; '.join(problems)}") from None
         backend = getattr(mixer_config, "backend", "auto")
         if device is not None and backend != "auto":
             try:
-                resolve_backend(get_mixer(mixer).op_name, backend, device)
+                resolve_backend(mixer_cls.op_name, backend, device, dtype)
             except ValueError as e:
-                raise ConfigError(f"invalid options for mixer {mixer!r} ({where}.backend): {e}") from None
-        d_model = getattr(model if where != "mixer" else config, "d_model", None)
+                raise ConfigError(f"invalid options for mixer {name!r} ({where}.backend): {e}") from None
         if isinstance(d_model, int):
             try:
                 layer_widths(d_model, mixer_config)
             except ValueError as e:
-                raise ConfigError(f"invalid options for mixer {mixer!r} ({where}): {e}") from None
+                raise ConfigError(f"invalid options for mixer {name!r} ({where}): {e}") from None
 
 
 def config_hash(mixer: str, task: str, config: dict[str, Any], seed: int) -> str:

@@ -4,6 +4,7 @@ Registered by harness.cli as `app.command("dashboard")(dashboard_cmd)`."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Optional
@@ -24,15 +25,21 @@ def dashboard_cmd(
                                     help="relative change in the worse direction that flags a regression"),
 ) -> None:
     """A static web page of tables and plots from the run records: writes <out>/index.html."""
+    from harness.cli import warn
     from harness.dashboard import build_dashboard
     from harness.dashboard import serve as make_server
     from harness.dashboard.page import PlotlyMissingError
+    from harness.records import reporting_unreadable
 
     if port is not None and not serve:
         err_console.print("[bold red]error:[/] --port needs --serve")
         raise typer.Exit(2)
-    if threshold <= 0:
-        err_console.print(f"[bold red]error:[/] --regression-threshold must be > 0 (e.g. 0.1 = 10%), got {threshold}")
+    if port is not None and not 0 <= port <= 65535:
+        err_console.print(f"[bold red]error:[/] --port {port} is out of range; valid ports: 0 to 65535 (0 picks a free one)")
+        raise typer.Exit(2)
+    if not math.isfinite(threshold) or threshold <= 0:
+        err_console.print(f"[bold red]error:[/] --regression-threshold must be > 0 and finite (e.g. 0.1 = 10%), "
+                          f"got {threshold}")
         raise typer.Exit(2)
     if not Path(results).is_dir():
         err_console.print(f"[bold red]error:[/] --results {results} is not a directory")
@@ -46,7 +53,8 @@ def dashboard_cmd(
         err_console.print(f"[bold red]error:[/] --out {target}: cannot write the page there ({e.strerror or e})")
         raise typer.Exit(2) from None
     try:
-        built = build_dashboard(results, out, threshold)
+        with reporting_unreadable(warn):
+            built = build_dashboard(results, out, threshold)
     except (PlotlyMissingError, ValueError) as e:
         err_console.print(f"[bold red]error:[/] {e}")
         raise typer.Exit(2) from None

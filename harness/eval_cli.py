@@ -11,6 +11,8 @@ from typing import Optional
 
 import typer
 
+from harness.records import SEED_MAX
+
 
 def eval_cmd(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c",
@@ -23,19 +25,19 @@ def eval_cmd(
     batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass"),
     max_length: Optional[int] = typer.Option(None, "--max-length", help="context window in tokens (default: the checkpoint's)"),
     device: str = typer.Option("auto", help="auto, cpu or cuda"),
-    seed: int = typer.Option(0, help="random seed (lm-eval's few-shot sampling)"),
+    seed: int = typer.Option(0, help=f"random seed (lm-eval's few-shot sampling), 0 to {SEED_MAX}"),
     results: Path = typer.Option(Path("results"), "--results", help="results directory"),
     no_wandb: bool = typer.Option(False, "--no-wandb", help="do not log to wandb"),
 ) -> None:
     """Evaluate a checkpoint with lm-evaluation-harness; writes one record (task lm-eval)."""
-    from harness.cli import _print_results, _progress, console, fail  # fail() escapes rich markup
+    from harness.cli import _prepare, _print_results, _progress, console, fail  # fail() escapes rich markup
     from tasks.lm_eval_bridge import LM_EVAL_MISSING, lm_eval_available
 
     if not lm_eval_available():
         raise fail(LM_EVAL_MISSING)
     from pydantic import ValidationError
 
-    from harness.config import ConfigError, validate_mixer_options
+    from harness.config import ConfigError, check_seed, validate_mixer_options
     from harness.runner import DeviceError, RunSpec, execute, resolve_device
     from harness.tracking import Tracker
     from tasks.common.checkpoint import load_checkpoint
@@ -45,11 +47,13 @@ def eval_cmd(
     if limit is not None and limit < 1:
         raise fail(f"--limit must be >= 1, got {limit}")
     try:
+        check_seed(seed)
         dev = resolve_device(device)
         mixer = load_checkpoint(checkpoint, "cpu").mixer  # read once here to fail early on a bad file
         cfg = LMEvalConfig(checkpoint=str(checkpoint.resolve()), tasks=names, limit=limit, num_fewshot=num_fewshot,
                            batch_size=batch_size, max_length=max_length)
         validate_mixer_options(mixer, cfg)
+        _prepare(results)
     except ValidationError as e:
         problems = (f"--{'.'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" for err in e.errors())
         raise fail("; ".join(problems)) from None

@@ -15,6 +15,7 @@ The protocol of an executor: `slots` (runs at once), `submit(job)`, `poll(timeou
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import selectors
@@ -313,6 +314,40 @@ def gpu_slot_envs(ids: list[str], runs_per_gpu: int, cpu_count: int | None,
     return envs, labels
 
 
+def _no_gpu_message() -> str:
+    import torch
+
+    build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+    return (f"--executor gpus runs one worker per local GPU, but this machine has no CUDA GPU that torch can see "
+            f"(torch {torch.__version__}, {build}). Use --executor inprocess on a CPU, or --executor ray for a cluster.")
+
+
+def check_executor(kind: str, device: str, runs_per_gpu: int = 1, address: str | None = None,
+                   runs_here: bool = True) -> None:
+    """ExecutorError, before a sweep touches its results folder, for executor options that cannot
+    work: an unknown kind, --runs-per-gpu or --address with an executor that takes none, and, when
+    the sweep `runs_here` (not a dry run, which may plan a GPU sweep on a laptop), no GPU for
+    'gpus' or Ray not installed for 'ray'. (A Ray cluster's resources are known only once joined:
+    make_executor checks those.)"""
+    if kind not in ("inprocess", "gpus", "ray"):
+        raise ExecutorError(f"--executor {kind!r} is not valid; expected inprocess, gpus or ray")
+    check_runs_per_gpu(kind, runs_per_gpu)
+    if address is not None and kind != "ray":
+        raise ExecutorError(f"--address {address} works only with --executor ray, not --executor {kind}; "
+                            "add --executor ray or leave --address out")
+    if not runs_here:
+        return
+    if kind == "gpus":
+        import torch
+
+        if torch.cuda.device_count() == 0:
+            raise ExecutorError(_no_gpu_message())
+        if device == "cpu":
+            raise ExecutorError("--executor gpus runs on GPUs, but the sweep asks for device cpu; use --executor inprocess")
+    if kind == "ray" and importlib.util.find_spec("ray") is None:
+        raise ExecutorError("--executor ray needs Ray, which is not installed: pip install -e '.[ray]'")
+
+
 def local_gpu_executor(log_dir: Path, wandb: bool = True, runs_per_gpu: int = 1) -> WorkerPoolExecutor:
     """`runs_per_gpu` workers per local GPU (those CUDA_VISIBLE_DEVICES lets this process see)."""
     check_runs_per_gpu("gpus", runs_per_gpu)
@@ -320,11 +355,7 @@ def local_gpu_executor(log_dir: Path, wandb: bool = True, runs_per_gpu: int = 1)
 
     count = torch.cuda.device_count()  # counts devices without creating a CUDA context
     if count == 0:
-        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
-        raise ExecutorError(
-            f"--executor gpus runs one worker per local GPU, but this machine has no CUDA GPU that torch can see "
-            f"(torch {torch.__version__}, {build}). Use --executor inprocess on a CPU, or --executor ray for a cluster."
-        )
+        raise ExecutorError(_no_gpu_message())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [d.strip() for d in visible.split(",")][:count] if visible else [str(i) for i in range(count)]
     envs, labels = gpu_slot_envs(ids, runs_per_gpu, os.cpu_count())

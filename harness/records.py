@@ -7,17 +7,21 @@ concurrent runs never clobber each other (run ids are unique)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA = "harness.run/1"
+# The largest seed a run takes: every random generator of a run takes 0..2**32 - 1 (numpy's legacy
+# seeding, which lm-eval uses, stops there).
+SEED_MAX = 2**32 - 1
 
 
 class RunRecord(BaseModel):
@@ -65,11 +69,42 @@ def device_type_of(device: str) -> str:
 class UnreadableRecordWarning(UserWarning):
     """A file under runs/ that is not a valid run record (torn, hand-edited, another schema)."""
 
+    def __init__(self, message: str, path: Path | None = None):
+        super().__init__(message)
+        self.path = path
+
 
 def warn_unreadable(path: Path, error: Exception) -> None:
     """Say that `path` was skipped because it is not a readable run record, and why."""
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-    warnings.warn(f"skipped {path}: not a readable run record ({reason})", UnreadableRecordWarning, stacklevel=3)
+    warnings.warn(UnreadableRecordWarning(f"skipped {path}: not a readable run record ({reason})", path), stacklevel=3)
+
+
+@contextlib.contextmanager
+def reporting_unreadable(say: Callable[[str], None]) -> Iterator[None]:
+    """Within the block, `say` each unreadable record file once, as it is met, whatever Python's
+    warning filters are (a command must not skip a file without a word); at the end, if any were,
+    a line with how many. Other warnings pass on as before."""
+    said: set[str] = set()
+    show = warnings.showwarning
+
+    def report(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, UnreadableRecordWarning):
+            show(message, category, filename, lineno, file, line)
+            return
+        key = str(getattr(message, "path", None) or message)
+        if key not in said:
+            said.add(key)
+            say(str(message))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", UnreadableRecordWarning)
+        warnings.showwarning = report
+        try:
+            yield
+        finally:
+            if said:
+                say(f"{len(said)} unreadable record file(s) skipped")
 
 
 def runs_dir(results: Path) -> Path:

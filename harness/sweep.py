@@ -33,21 +33,21 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.config import (
     ConfigError,
+    check_mixer_run,
     check_task_config,
-    check_task_takes,
     config_hash,
+    load_yaml,
     resolve_config,
-    validate_mixer_options,
 )
 from harness.executors import Executor, Job, Outcome
-from harness.records import device_type_of, runs_dir
+from harness.records import SEED_MAX, device_type_of, runs_dir, warn_unreadable
 
 
 class SweepError(ValueError):
@@ -58,17 +58,23 @@ def _as_list(value: Any) -> Any:
     return [value] if value is not None and not isinstance(value, list) else value
 
 
+# Lists of the grid: an empty one would expand to no runs at all, so it is refused by name.
+Names = Annotated[list[str], Field(min_length=1)]
+Seeds = Annotated[list[Annotated[int, Field(ge=0, le=SEED_MAX)]], Field(min_length=1)]
+Values = Annotated[list[Any], Field(min_length=1)]
+
+
 class GridBlock(BaseModel):
     """One block of the grid; unset lists fall back to the file's top-level defaults."""
 
     model_config = ConfigDict(extra="forbid")
 
-    tasks: list[str] = Field(min_length=1)
-    mixers: list[str] | None = None
-    presets: list[str] | None = None
-    seeds: list[int] | None = None
+    tasks: Names
+    mixers: list[str] | None = None  # an empty list is named by `expand` ("no mixers")
+    presets: Names | None = None
+    seeds: Seeds | None = None
     set: dict[str, Any] = Field(default_factory=dict)
-    vary: dict[str, list[Any]] = Field(default_factory=dict)
+    vary: dict[str, Values] = Field(default_factory=dict)
 
     @field_validator("tasks", "mixers", "presets", "seeds", mode="before")
     @classmethod
@@ -85,8 +91,8 @@ class SweepFile(BaseModel):
     description: str | None = None
     device: str = "auto"
     mixers: list[str] = Field(default_factory=list)
-    presets: list[str] = Field(default_factory=lambda: ["default"])
-    seeds: list[int] = Field(default_factory=lambda: [0])
+    presets: Names = Field(default_factory=lambda: ["default"])
+    seeds: Seeds = Field(default_factory=lambda: [0])
     set: dict[str, Any] = Field(default_factory=dict)
     grid: list[GridBlock] = Field(min_length=1)
 
@@ -99,7 +105,7 @@ class SweepFile(BaseModel):
 def load_sweep(path: Path) -> SweepFile:
     """Read and check the shape of a sweep file (names are checked by `expand`)."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = load_yaml(Path(path).read_text())
     except OSError as e:
         raise SweepError(f"cannot read sweep file {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
@@ -109,7 +115,8 @@ def load_sweep(path: Path) -> SweepFile:
     try:
         return SweepFile(**data)
     except ValidationError as e:
-        lines = [f"{'.'.join(str(p) for p in err['loc']) or '(file)'}: {err['msg']}" for err in e.errors()]
+        lines = [f"{'.'.join(str(p) for p in err['loc']) or '(file)'}: {err['msg']}"
+                 + (f" (got {err['input']!r})" if err["type"] != "missing" else "") for err in e.errors()]
         valid = ", ".join(SweepFile.model_fields) + "; in a grid block: " + ", ".join(GridBlock.model_fields)
         raise SweepError(f"sweep file {path}: " + "; ".join(lines) + f" (valid keys: {valid})") from None
 
@@ -171,12 +178,17 @@ def expand(
         seeds = block.seeds if block.seeds is not None else sweep.seeds
         if not mixers:
             errors.append(f"{where}: no mixers (give 'mixers' in the block or at the top of the file)")
+        known = []
         for mixer in mixers:
             try:
                 get_mixer(mixer)
+                known.append(mixer)
             except UnknownMixerError as e:
                 errors.append(f"{where if block.mixers is not None else 'mixers'}: {e}")
-        mixers = [m for m in mixers if not only_mixers or m in only_mixers]
+        mixers = [m for m in known if not only_mixers or m in only_mixers]
+        for key in sorted(block.set.keys() & block.vary.keys()):
+            errors.append(f"{where}: {key} is both in set ({block.set[key]!r}) and in vary ({block.vary[key]!r}); "
+                          "give it in one of them")
         fixed = {**sweep.set, **block.set}
         axes = list(block.vary.items())
         for task_name in block.tasks:
@@ -202,8 +214,7 @@ def expand(
                 config = cfg.model_dump(mode="json")
                 for mixer in mixers:
                     try:
-                        check_task_takes(task, mixer)
-                        validate_mixer_options(mixer, cfg, device_type)
+                        check_mixer_run(task, mixer, cfg, device_type)
                     except ConfigError as e:
                         errors.append(f"{where} (task {task_name}, preset {preset}, mixer {mixer}): {e}")
                         continue
@@ -274,11 +285,14 @@ def _record_key(path: Path) -> tuple[str, str, str] | None:
     if cached is not None and cached[0] == mtime:
         return cached[1]
     key = None
+    # An unreadable record counts as none, so its run may run again: said, not skipped in silence.
     try:
         data = json.loads(path.read_text())
         key = (_current_hash(data), device_type_of(str(data.get("device", ""))), str(data.get("status")))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        key = None
+    except KeyError as e:
+        warn_unreadable(path, ValueError(f"no {e} field"))
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        warn_unreadable(path, e)
     _record_keys[path] = (mtime, key)
     return key
 

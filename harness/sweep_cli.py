@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harness.records import prepare_results
+from harness.records import prepare_results, reporting_unreadable
 
 console = Console()
 err_console = Console(stderr=True)
@@ -46,24 +46,25 @@ def sweep_cmd(
     mixer: Optional[str] = typer.Option(None, "--mixer", help="only these mixers of the sweep (comma-separated)"),
 ) -> None:
     """Run a sweep file; resumable: runs that already have an ok record are skipped."""
-    from harness.executors import ExecutorError, check_runs_per_gpu, make_executor
+    from harness.executors import ExecutorError, check_executor, make_executor
     from harness.runner import DeviceError, resolve_device
     from harness.sweep import SweepError, expand, load_sweep, run_sweep
     from harness.sweep_view import SweepView, print_plan, print_summary
 
     try:
         sweep = load_sweep(file)
-        if executor not in ("inprocess", "gpus", "ray"):
-            raise ExecutorError(f"--executor {executor!r} is not valid; expected inprocess, gpus or ray")
-        check_runs_per_gpu(executor, runs_per_gpu)
+        check_executor(executor, sweep.device, runs_per_gpu, address, runs_here=not dry_run)
         # The device type the runs will get (a Ray cluster may still turn 'auto' into cuda).
         guess = "cuda" if executor == "gpus" else resolve_device(sweep.device if executor == "inprocess" else
                                                                   ("cpu" if sweep.device == "cpu" else "auto")).type
         plan = expand(sweep, guess, _split(task), _split(mixer))
     except (SweepError, ExecutorError, DeviceError) as e:
         raise _fail(str(e)) from None
+    from harness.cli import warn
+
     if dry_run:
-        print_plan(plan, results)
+        with reporting_unreadable(warn):
+            print_plan(plan, results)
         return
     try:
         removed = prepare_results(results)
@@ -82,7 +83,7 @@ def sweep_cmd(
         if hasattr(runner, "progress"):
             runner.progress = view.progress  # the in-process runs show their own bars
         console.print(f"[bold]{plan.name}[/]: {len(plan.points)} run(s) on {runner.where} → {results}/runs")
-        with view.progress:
+        with view.progress, reporting_unreadable(warn):
             summary = run_sweep(plan, runner, results, retry_failed=retry_failed, events=view)
     except KeyboardInterrupt:
         raise _fail("interrupted; finished runs are recorded: run the same command again to resume", 130) from None
@@ -95,6 +96,22 @@ def sweep_cmd(
         raise typer.Exit(1)
 
 
+def _check_writable(option: str, path: Path) -> None:
+    """CompareError naming `option` when no file can be written at `path`; creates nothing, so a
+    refused command leaves no folder behind."""
+    from harness.compare import CompareError
+
+    if path.is_dir():
+        raise CompareError(f"{option} {path} is a folder; give the path of a file to write")
+    existing = path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CompareError(f"{option} {path}: cannot write there, {existing} is a file")
+    if not os.access(existing, os.W_OK):
+        raise CompareError(f"{option} {path}: cannot write there, {existing} is not writable")
+
+
 def compare_cmd(
     base: Path = typer.Argument(..., help="baseline: a results directory (or any folder of records) or a record file"),
     new: Path = typer.Argument(..., help="the new results, same forms as BASE"),
@@ -105,10 +122,14 @@ def compare_cmd(
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the table as Markdown to this file"),
 ) -> None:
     """Compare two sets of run records metric by metric; exit 1 on a regression beyond the threshold."""
+    from harness.cli import warn
     from harness.compare import CompareError, compare, fmt_change, fmt_value, parse_threshold, to_markdown
 
     try:
-        result = compare(base, new, parse_threshold(threshold), ignore or [])
+        if markdown is not None:
+            _check_writable("--markdown", markdown)
+        with reporting_unreadable(warn):
+            result = compare(base, new, parse_threshold(threshold), ignore or [])
     except CompareError as e:
         raise _fail(str(e)) from None
     table = Table(title=f"{base} → {new} (threshold {result.threshold:.1%})")
@@ -128,8 +149,11 @@ def compare_cmd(
         table.add_row(run, r.metric, fmt_value(r.base), fmt_value(r.new), fmt_change(r), verdict, style=styles[r.verdict])
     console.print(table)
     if markdown is not None:
-        markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(to_markdown(result, changed_only))
+        try:
+            markdown.parent.mkdir(parents=True, exist_ok=True)
+            markdown.write_text(to_markdown(result, changed_only))
+        except OSError as e:
+            raise _fail(f"--markdown {markdown}: cannot write the report ({e.strerror or e})") from None
     console.print(f"{len({r.key for r in result.rows})} run(s) compared; {len(result.only_base)} only in BASE, "
                   f"{len(result.only_new)} only in NEW.")
     for label, keys in (("only in BASE", result.only_base), ("only in NEW", result.only_new)):

@@ -63,7 +63,10 @@ class LM(Task):
 
     @classmethod
     def check_config(cls, config: LMConfig, device_type: str) -> None:
-        corpus_files(config.corpus)  # a missing corpus or an empty folder, named
+        files = corpus_files(config.corpus)  # a missing corpus or an empty folder, named
+        if not any(f.stat().st_size for f in files):
+            raise ValueError(f"corpus {config.corpus} holds no text: {'its files are' if len(files) > 1 else 'the file is'} "
+                             "empty; give a text file or a folder of .txt/.md files with text in them")
         uses_cuda_graph(config.optim, torch.device(device_type))
 
     def run(self, ctx: RunContext) -> TaskResult:

@@ -81,6 +81,7 @@ def resolve_checkpoint_path(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if path.suffix == ".json" and path.is_file():
         record, path = path, path.with_suffix("")
+        _check_record(record)
         if not path.is_dir():
             raise ValueError(f"{str(record)!r} has no artifact folder {str(path)!r} beside it: that run saved no "
                              "checkpoint (MQAR saves one with --set save_checkpoint=true)")
@@ -89,12 +90,31 @@ def resolve_checkpoint_path(path: str | Path) -> Path:
             if inner.exists():
                 path = inner
                 break
+    if path.is_dir() and not (path / CONFIG_FILE).is_file():
+        raise ValueError(
+            f"folder {str(path)!r} holds no checkpoint (no {CONFIG_FILE}, {CHECKPOINT_FILE}/ or {LEGACY_FILE} in it); give "
+            f"a checkpoint folder ({CONFIG_FILE} + {WEIGHTS_FILE}), a folder holding one, or a run record (.json) whose "
+            "run saved one"
+        )
     if not (path.is_file() or (path / CONFIG_FILE).is_file()):
         raise ValueError(
             f"checkpoint {str(path)!r} does not exist; give a checkpoint folder (config.json + {WEIGHTS_FILE}), "
             f"a folder holding one, or a run record (.json) whose run saved one (e.g. results/runs/lm/<run_id>.json)"
         )
     return path
+
+
+def _check_record(path: Path) -> None:
+    """ValueError naming `path` when it cannot be a run record (torn, or JSON that is no object):
+    its artifact folder would otherwise be taken on trust."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{str(path)!r} is not a readable run record ({e}); give the record of a run that saved a "
+                         "checkpoint, or the checkpoint folder itself") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} is not a readable run record (a JSON {type(data).__name__}, not an object); "
+                         "give the record of a run that saved a checkpoint, or the checkpoint folder itself")
 
 
 def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Checkpoint:

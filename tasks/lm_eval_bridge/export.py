@@ -24,6 +24,7 @@ Run an exported task with any lm-eval model:
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 import json
 import os
@@ -226,12 +227,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--corpus", default=None, help="corpus for harness_corpus_ppl (default: the tiny corpus)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    from tasks.lm_data import corpus_files
     from tasks.mqar import MQAR
     from tasks.niah import NIAH
 
+    # Every option is checked before the first task is written: a refused command leaves no folder.
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not names:
+        parser.error(f"argument --tasks: give one or more of {', '.join(BRIDGE_TASKS)}")
+    for name in names:
+        if name not in BRIDGE_TASKS:
+            close = difflib.get_close_matches(name, BRIDGE_TASKS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            parser.error(f"argument --tasks: unknown task {name!r}; ours are: {', '.join(BRIDGE_TASKS)}.{hint}")
+    for option, task in (("--mqar-preset", MQAR), ("--niah-preset", NIAH)):
+        preset = getattr(args, option[2:].replace("-", "_"))
+        if preset not in task.presets:
+            parser.error(f"argument {option}: unknown preset {preset!r}; valid presets: {', '.join(task.presets)}")
+    if args.corpus is not None:
+        try:
+            corpus_files(args.corpus)
+        except ValueError as e:
+            parser.error(f"argument --corpus: {e}")
+
     sources = DataSources(mqar_config=MQAR.presets[args.mqar_preset], niah_config=NIAH.presets[args.niah_preset],
                           seed=args.seed, corpus=args.corpus)
-    for name in [t.strip() for t in args.tasks.split(",") if t.strip()]:
+    for name in names:
         print(export_task(name, sources, args.out))
 
 

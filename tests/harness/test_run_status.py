@@ -218,10 +218,11 @@ def test_dashboard_out_that_cannot_be_written_exits_2(tmp_path):
 
 
 def test_eval_of_a_record_without_a_checkpoint_names_the_record(tmp_path):
+    from harness.records import write_record
     from tasks.common.checkpoint import resolve_checkpoint_path
+    from tests.harness.test_records import make_record
 
-    record = tmp_path / "run.json"
-    record.write_text("{")
+    record = write_record(tmp_path, make_record(run_id="run"))
     with pytest.raises(ValueError, match=r"run\.json' has no artifact folder .* saved no checkpoint"):
         resolve_checkpoint_path(record)
 
