@@ -30,6 +30,9 @@ same ordering and never produce an overflow either.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import triton
 import triton.language as tl
@@ -98,20 +101,55 @@ def path_shares(g: torch.Tensor, dtype: torch.dtype, chunk_size: int = 64) -> di
     """Per kernel ("intra_A", "bwd_dqkg"), the share of (chunk, head, K-block) programs on
     each path ("chunk", "sub", "exact") for natural-log gates g [B, T, H, K] and inputs of
     `dtype`, under the current LAUNCH settings: which paths a run or a test exercised."""
-    shares = {}
-    for entry in ("intra_A", "bwd_dqkg"):
-        paths = chunk_paths(g, dtype, chunk_size, entry)
-        shares[entry] = {name: round(float((paths == i).float().mean()), 4)
-                         for i, name in enumerate(("chunk", "sub", "exact"))}
-    return shares
+    return {entry: shares_of(chunk_paths(g, dtype, chunk_size, entry)) for entry in ("intra_A", "bwd_dqkg")}
+
+
+def shares_of(paths: torch.Tensor) -> dict[str, float]:
+    """The share of each path ("chunk", "sub", "exact") among the entries of a path tensor
+    (chunk_paths', or a census the kernels wrote under record_paths)."""
+    return {name: round(float((paths == i).float().mean()), 4) for i, name in enumerate(("chunk", "sub", "exact"))}
+
+
+# The census being recorded (record_paths), None otherwise: entry -> one tensor per call.
+_census: dict[str, list[torch.Tensor]] | None = None
+
+
+@contextlib.contextmanager
+def record_paths() -> Iterator[dict[str, list[torch.Tensor]]]:
+    """Within the block, the vector-gate kernels report the path each program ran.
+
+    Yields {"intra_A": [...], "bwd_dqkg": [...]}: per call of gla_intra_A / gla_bwd_dqkg, an
+    int32 tensor [B, H, NT, NK] (chunks, K-blocks of that kernel's BK) holding the code
+    (PATH_CHUNK 0, PATH_SUB 1, PATH_EXACT 2) of the branch the program took, written by the
+    kernel itself; -1 where no program did any work. Outside the block the kernels are
+    compiled without the store (STORE_PATHS off): the same machine code as without this
+    facility. For tests and for records of the paths a run took; not thread-safe."""
+    global _census
+    outer, _census = _census, {"intra_A": [], "bwd_dqkg": []}
+    try:
+        yield _census
+    finally:
+        _census = outer
+
+
+def _census_buffer(entry: str, B: int, H: int, NT: int, NK: int, device: torch.device) -> torch.Tensor | None:
+    """The [B, H, NT, NK] int32 census one launch writes while record_paths is active (kept
+    in the census under `entry`), else None."""
+    if _census is None:
+        return None
+    paths = torch.full((B, H, NT, NK), -1, dtype=torch.int32, device=device)
+    _census[entry].append(paths)
+    return paths
 
 
 @triton.jit
 def gla_intra_A_kernel(
-    q, k, gamma, A, scale, span, T,
+    q, k, gamma, A, paths, scale, span, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, STORE_PATHS: tl.constexpr,
 ):
+    """One program per (chunk, head), K-blocks in a loop. paths: the int32 census
+    [B * H, NT, NK] of record_paths when STORE_PATHS, else unused (None)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     seq = i_b.to(tl.int64) * T * H + i_h
@@ -127,6 +165,8 @@ def gla_intra_A_kernel(
         m_k = o_k < K
         b_q, b_k, b_g, _, b_gfirst = load_chunk_qkg(q, k, gamma, seq, t0, last, m_t, i_k, T, H, K, BT, BK)
         path = chunk_path(gamma, seq, t0, last, i_k, T, span, H, K, BT, BC, BK)
+        if STORE_PATHS:
+            tl.store(paths + (i_bh * tl.num_programs(0) + i_t) * tl.cdiv(K, BK) + i_k, path)
         if path == PATH_CHUNK:
             b_A += tl.where(m_causal, intra_A_chunk(b_q, b_k, b_g, b_gfirst, DOT_PREC), 0.0)
         elif path == PATH_SUB:
@@ -144,11 +184,13 @@ def gla_intra_A(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, scale: fl
     B, T, H, K = q.shape
     BT = chunk_size
     cfg = LAUNCH["intra_A"]
+    BK = tile(K, cfg["BK"])
     A = new_buffer((B, T, H, BT), torch.float32, q.device)
     grid = (triton.cdiv(T, BT), B * H)
+    paths = _census_buffer("intra_A", B, H, grid[0], triton.cdiv(K, BK), q.device)
     gla_intra_A_kernel[grid](
-        q, k, gamma, A, scale, factored_span(q.dtype), T, H=H, K=K, BT=BT, BC=sub_chunk("intra_A", BT),
-        BK=tile(K, cfg["BK"]), DOT_PREC=dot_precision(q.dtype),
+        q, k, gamma, A, paths, scale, factored_span(q.dtype), T, H=H, K=K, BT=BT, BC=sub_chunk("intra_A", BT),
+        BK=BK, DOT_PREC=dot_precision(q.dtype), STORE_PATHS=paths is not None,
         num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
     return A
@@ -237,15 +279,17 @@ def _dqkg_chunk(
 
 @triton.jit
 def gla_bwd_dqkg_kernel(
-    q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT,
+    q, k, v, gamma, h, do, dh, dq, dk, dg, paths, scale, span, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DOT_PREC: tl.constexpr, ONLY_PATH: tl.constexpr, INTER_AFTER: tl.constexpr,
+    DOT_PREC: tl.constexpr, ONLY_PATH: tl.constexpr, INTER_AFTER: tl.constexpr, STORE_PATHS: tl.constexpr,
 ):
     """One program per (K-block, chunk, head). ONLY_PATH -1: each program takes its chunk's
     path; PATH_CHUNK / PATH_SUB / PATH_EXACT: only programs whose chunk takes that path do
     any work, so one launch per path covers every chunk once, each compiled for its path
-    alone with its own num_warps."""
+    alone with its own num_warps. paths: the int32 census [B * H, NT, NK] of record_paths
+    when STORE_PATHS (a program that works writes the branch it compiled: ONLY_PATH, or
+    its chunk's path in a launch taking every path), else unused (None)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     seq = i_b.to(tl.int64) * T * H + i_h
@@ -259,6 +303,12 @@ def gla_bwd_dqkg_kernel(
     if run:
         _dqkg_chunk(q, k, v, gamma, h, do, dh, dq, dk, dg, scale, path, T, NT, i_k, i_t, i_bh, seq, t0, last,
                     H, K, V, BT, BC, BK, BV, DOT_PREC, ONLY_PATH, INTER_AFTER)
+        if STORE_PATHS:
+            p_path = paths + (i_bh * NT + i_t) * tl.num_programs(0) + i_k
+            if ONLY_PATH < 0:
+                tl.store(p_path, path)
+            else:
+                tl.store(p_path, tl.full([], ONLY_PATH, tl.int32))
 
 
 def gla_bwd_dqkg(
@@ -281,6 +331,7 @@ def gla_bwd_dqkg(
     dg = new_buffer((B, T, H, K), torch.float32, q.device)
     grid = (triton.cdiv(K, BK), NT, B * H)
     span = factored_span(q.dtype)
+    paths = _census_buffer("bwd_dqkg", B, H, NT, grid[0], q.device)  # one census shared by the launches
     # split_paths: one launch per path, each with its own warps (an exact-only dtype,
     # span < 0, needs just the exact one); else one launch choosing per chunk
     launches = [(-1, cfg)]
@@ -289,9 +340,9 @@ def gla_bwd_dqkg(
         launches = [exact] if span < 0 else [(PATH_CHUNK.value, cfg), (PATH_SUB.value, LAUNCH["bwd_dqkg_sub"]), exact]
     for only_path, launch in launches:
         gla_bwd_dqkg_kernel[grid](
-            q, k, v, gamma, h, do, dh, dq, dk, dg, scale, span, T, NT,
+            q, k, v, gamma, h, do, dh, dq, dk, dg, paths, scale, span, T, NT,
             H=H, K=K, V=V, BT=BT, BC=sub_chunk("bwd_dqkg", BT), BK=BK, BV=BV, DOT_PREC=dot_precision(q.dtype),
-            ONLY_PATH=only_path, INTER_AFTER=launch.get("inter_after", 0),
+            ONLY_PATH=only_path, INTER_AFTER=launch.get("inter_after", 0), STORE_PATHS=paths is not None,
             num_warps=warps(launch["num_warps"]), num_stages=launch["num_stages"],
         )
     return dq, dk, dg

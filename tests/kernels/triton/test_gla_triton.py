@@ -3,7 +3,8 @@ against the per-token reference, on the CPU interpreter.
 
 Outputs, final states and the gradients of q, k, v, g and the initial state; fp32 (and
 fp16) inputs, awkward T, gates near zero and strongly negative; every buffer the kernels
-write starts as NaN (conftest)."""
+write starts as NaN (conftest). The vector-gate tests that aim at one intra-chunk path read
+which path each program ran from the kernels themselves (triton_vector.record_paths)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.gated_linear_attention import gated_linear_attention
-from tests.util import TOL
+from kernels.gated_linear_attention.triton_vector import record_paths
+from tests.util import TOL, TRITON_DECAY_TOL
 
 
 def make_inputs(B, T, H, K, V, dtype, vector, gate_scale=1.0, seed=0):
@@ -27,12 +29,15 @@ def make_inputs(B, T, H, K, V, dtype, vector, gate_scale=1.0, seed=0):
     return {"q": q, "k": k, "v": v, "g": g}, h0
 
 
-def path_census(g: torch.Tensor, dtype: torch.dtype, entry: str, chunk_size: int = 64) -> list[list[int]]:
-    """Per chunk (of sequence 0, head 0), the paths triton_vector's kernels take for these
-    natural-log gates: the kernels' own test, run in PyTorch."""
-    from kernels.gated_linear_attention.triton_vector import chunk_paths
-
-    return chunk_paths(g, dtype, chunk_size, entry)[0, 0].tolist()
+def kernel_census(census: dict, entry: str) -> list[list[int]]:
+    """Per chunk of sequence 0, head 0, the path code of each K-block that the `entry`
+    kernel ("intra_A" or "bwd_dqkg") reported running, from a record_paths census of one
+    Triton call (forward and backward). Every chunk and K-block must have been worked on: a
+    -1 left in the census is one that no launch covered."""
+    assert len(census[entry]) == 1, f"{entry}: {len(census[entry])} calls recorded, expected one"
+    paths = census[entry][0]
+    assert (paths >= 0).all(), f"{entry}: chunks no program worked on: {paths.tolist()}"
+    return paths[0, 0].tolist()
 
 
 def three_path_gates(B, T, H, K, seed):
@@ -81,9 +86,10 @@ def test_matches_reference_fp16(compare, vector):
 def test_strongly_negative_gates(compare, vector):
     """Gates down to about -40 per token: a chunk's cumulative gate reaches -2000, far past
     where e^{-gamma} overflows fp32. Nothing may overflow, and decays that small must still
-    give the reference's answer."""
+    give the reference's answer, within the rounding of such cumulative gates
+    (TRITON_DECAY_TOL)."""
     tensors, h0 = make_inputs(1, 80, 1, 16, 16, torch.float32, vector, gate_scale=20.0, seed=4)
-    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+    compare(gated_linear_attention, tensors, h0, TRITON_DECAY_TOL)
 
 
 def test_vector_gate_mixed_chunks(compare):
@@ -94,8 +100,9 @@ def test_vector_gate_mixed_chunks(compare):
     g = tensors["g"].clone()
     g[:, 64:] = -12.0 - 8.0 * torch.rand(1, 36, 1, 16, generator=torch.Generator().manual_seed(14))
     tensors["g"] = g
-    assert path_census(g, torch.float32, "intra_A") == [[0], [2]]
-    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+    with record_paths() as census:
+        compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+    assert kernel_census(census, "intra_A") == [[0], [2]]
 
 
 @pytest.mark.parametrize("rows", [16, 4, 2])
@@ -103,7 +110,8 @@ def test_vector_gate_exact_path_rows(compare, monkeypatch, rows):
     """The exact path with sub-chunks of other heights than the default 8 (LAUNCH "sub_chunk"
     of the forward and backward kernels): gates of -1 to -3 a token, and -70 (over 64 bits
     in one step) at the second row of each chunk in one channel, so every chunk takes it;
-    T = 100 leaves a partial chunk and sub-chunk."""
+    T = 100 leaves a partial chunk and sub-chunk. A chunk's gates sum to about -130 nats
+    a channel: TRITON_DECAY_TOL."""
     from kernels.common.triton.launch import LAUNCH
     from kernels.gated_linear_attention import triton_vector
 
@@ -114,8 +122,9 @@ def test_vector_gate_exact_path_rows(compare, monkeypatch, rows):
     g = -1.0 - 2.0 * torch.rand(1, 100, 1, 16, generator=torch.Generator().manual_seed(17))
     g[:, 1::64, :, 0] = -70.0
     tensors["g"] = g
-    assert path_census(tensors["g"], torch.float32, "bwd_dqkg") == [[2], [2]]
-    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+    with record_paths() as census:
+        compare(gated_linear_attention, tensors, h0, TRITON_DECAY_TOL)
+    assert kernel_census(census, "bwd_dqkg") == [[2], [2]]
 
 
 def test_sub_chunk_must_be_a_power_of_two(monkeypatch):
@@ -131,21 +140,26 @@ def test_sub_chunk_must_be_a_power_of_two(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32_three_paths", "fp16_exact_only"])
 def test_vector_gate_split_launches(compare, monkeypatch, dtype, split):
     """Chunks on all three paths of triton_vector.py in one call and one K-block (whole
-    chunk factored, sub-chunks factored, exact), checked by the kernels' own test first;
-    fp16 never factors. LAUNCH["bwd_dqkg"]["split_paths"]: 1 (the default), the backward's
-    factored and exact chunks as two launches (each program of one does nothing where its
-    chunk belongs to the other; fp16 launches the exact one alone); 0, one launch taking
-    every path. Every chunk written once (buffers start as NaN), every gradient right."""
+    chunk factored, sub-chunks factored, exact), as the kernels report them; fp16 never
+    factors. LAUNCH["bwd_dqkg"]["split_paths"]: 1 (the default), the backward as one launch
+    per path (each program of one does nothing where its chunk takes another path; fp16
+    launches the exact one alone); 0, one launch taking every path. Every chunk written
+    (buffers start as NaN, the census starts at -1), every gradient right. The PyTorch copy
+    of the path choice (chunk_paths, which benchmark records use) agrees with the kernels
+    on every chunk and head."""
     from kernels.common.triton.launch import LAUNCH
+    from kernels.gated_linear_attention.triton_vector import chunk_paths
 
     monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=split))
     tensors, h0 = make_inputs(1, 200, 2, 16, 16, dtype, vector=True, seed=16)
     tensors["g"] = three_path_gates(1, 200, 2, 16, seed=16).to(dtype)
+    with record_paths() as census:
+        compare(gated_linear_attention, tensors, h0, TOL[dtype])
     # chunk 3 has 8 rows: its 7 gate steps stay within 2^64, so it factors whole
     expected = [[0], [1], [2], [0]] if dtype == torch.float32 else [[2]] * 4
     for entry in ("intra_A", "bwd_dqkg"):
-        assert path_census(tensors["g"], dtype, entry) == expected, entry
-    compare(gated_linear_attention, tensors, h0, TOL[dtype])
+        assert kernel_census(census, entry) == expected, entry
+        assert torch.equal(chunk_paths(tensors["g"], dtype, 64, entry), census[entry][0].long()), entry
 
 
 def test_vector_gate_inter_after(compare, monkeypatch):
@@ -157,15 +171,17 @@ def test_vector_gate_inter_after(compare, monkeypatch):
         monkeypatch.setitem(LAUNCH, entry, dict(LAUNCH[entry], inter_after=1))
     tensors, h0 = make_inputs(1, 200, 1, 16, 16, torch.float32, vector=True, seed=20)
     tensors["g"] = three_path_gates(1, 200, 1, 16, seed=20)
-    assert path_census(tensors["g"], torch.float32, "bwd_dqkg") == [[0], [1], [2], [0]]
-    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+    with record_paths() as census:
+        compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+    assert kernel_census(census, "bwd_dqkg") == [[0], [1], [2], [0]]
 
 
 @pytest.mark.parametrize("rows", [16, 4, 1])
 def test_vector_gate_sub_path_rows(compare, monkeypatch, rows):
     """The sub-chunk factored path with sub-chunks of other heights than the default 8:
     16 rows (15 steps of up to 4.3 bits: still under 2^64), 4, and 1 (which every gate
-    satisfies); T = 100 leaves a partial chunk and sub-chunk."""
+    satisfies); T = 100 leaves a partial chunk and sub-chunk. A chunk's gates sum to about
+    -130 nats a channel: TRITON_DECAY_TOL."""
     from kernels.common.triton.launch import LAUNCH
 
     for entry in ("intra_A", "bwd_dqkg"):
@@ -173,8 +189,9 @@ def test_vector_gate_sub_path_rows(compare, monkeypatch, rows):
     tensors, h0 = make_inputs(1, 100, 1, 16, 16, torch.float32, vector=True, seed=18)
     gen = torch.Generator().manual_seed(18)
     tensors["g"] = -1.0 - 2.0 * torch.rand(1, 100, 1, 16, generator=gen)
-    assert path_census(tensors["g"], torch.float32, "intra_A") == [[1], [1]]
-    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+    with record_paths() as census:
+        compare(gated_linear_attention, tensors, h0, TRITON_DECAY_TOL)
+    assert kernel_census(census, "intra_A") == [[1], [1]]
 
 
 def test_vector_gate_sub_path_equals_exact(monkeypatch):
@@ -187,11 +204,14 @@ def test_vector_gate_sub_path_equals_exact(monkeypatch):
     tensors, _ = make_inputs(1, 130, 2, 32, 16, torch.float32, vector=True, seed=19)
     gen = torch.Generator().manual_seed(19)
     tensors["g"] = -1.0 - 2.0 * torch.rand(1, 130, 2, 32, generator=gen)
-    assert path_census(tensors["g"], torch.float32, "bwd_dqkg") == [[1], [1], [0]]
 
-    default = outputs_and_grads(tensors)
+    with record_paths() as census:
+        default = outputs_and_grads(tensors)
+    assert kernel_census(census, "bwd_dqkg") == [[1], [1], [0]]
     monkeypatch.setattr(triton_vector, "factored_span", lambda dtype: -1.0)
-    exact = outputs_and_grads(tensors)
+    with record_paths() as census:
+        exact = outputs_and_grads(tensors)
+    assert kernel_census(census, "bwd_dqkg") == [[2], [2], [2]]
     for name, a, b in zip(("o", "dq", "dk", "dv", "dg"), default, exact):
         assert rel_err(a, b) < 1e-5, name
 

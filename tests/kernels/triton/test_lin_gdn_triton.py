@@ -4,15 +4,17 @@ CPU interpreter (conftest: TRITON_INTERPRET=1, NaN-poisoned buffers).
 Fresh start (count = 0, where t = 1 must write nothing and produce no inf/NaN in values or
 gradients) and a continued state (count > 0); outputs, the final LinGDNState and the
 gradients of q, k, v and of the state's h, k_sum, v_sum. The Triton running-mean
-preprocessing (triton_prep.py) is also tested on its own against its torch formulas in fp64,
-values and gradients, with small tiles so that the scan carries across chunks."""
+preprocessing (triton_prep.py) is also tested on its own, values and gradients, with small
+tiles so that the scan carries across chunks, against a per-token loop written here from the
+definitions (running_means_loop); so is its torch form (running_mean_torch, what fp64 inputs
+run)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.util import TOL, rel_err, row_err
+from tests.util import ROW_TOL, TOL, rel_err, row_err
 
 lin = pytest.importorskip("kernels.linearized_softmax_gdn")
 if not hasattr(lin, "LinGDNState"):
@@ -153,6 +155,50 @@ def prep_leaves(B, T, H, K, V, count, seed):
     return leaves
 
 
+PREP_NAMES = ("key", "value", "v_bar", "k_sum", "v_sum")
+
+
+def running_means_loop(k, v, k_sum0, v_sum0, count: int):
+    """The preprocessing of docs/design.md §7 one token at a time, from the definitions, in
+    the inputs' dtype (fp64 here) and differentiable: at absolute position t = count + 1,
+    count + 2, ..., with kbar_t and vbar_t the means of the first t keys and values (the
+    state holds the sums of the first `count`) and vbar_0 = 0,
+
+        key_t = k_t - kbar_t,    value_t = (1 - 1/t)(v_t - vbar_{t-1}),    v_bar_t = vbar_t
+
+    k: [B, T, H, K], v: [B, T, H, V]; k_sum0 [B, H, K], v_sum0 [B, H, V], or None for an
+    empty state. Returns (key [B, T, H, K], value [B, T, H, V], v_bar [B, T, H, V], the sums
+    after the last token [B, H, K] and [B, H, V]): LinGDNPrepFunction's five outputs."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    k_sum = k_sum0 if k_sum0 is not None else k.new_zeros(B, H, K)
+    v_sum = v_sum0 if v_sum0 is not None else v.new_zeros(B, H, V)
+    keys, values, v_bars = [], [], []
+    for i in range(T):
+        t = count + i + 1
+        v_bar_prev = v_sum / (t - 1) if t > 1 else torch.zeros_like(v_sum)
+        k_sum, v_sum = k_sum + k[:, i], v_sum + v[:, i]
+        keys.append(k[:, i] - k_sum / t)
+        values.append((1 - 1 / t) * (v[:, i] - v_bar_prev))
+        v_bars.append(v_sum / t)
+    return torch.stack(keys, 1), torch.stack(values, 1), torch.stack(v_bars, 1), k_sum, v_sum
+
+
+def prep_errors(out, grads, out_ref, grads_ref) -> dict[str, float]:
+    """rel_err and (under "<name> (worst row)") row_err of the five outputs and the gradients
+    of k, v and, when present, the state's sums."""
+    names = (*PREP_NAMES, "dk", "dv", "dk_sum0", "dv_sum0")
+    pairs = list(zip(names, (*out, *grads), (*out_ref, *grads_ref)))
+    errors = {n: rel_err(a, b) for n, a, b in pairs}
+    errors.update({f"{n} (worst row)": row_err(a, b) for n, a, b in pairs})
+    return errors
+
+
+def assert_prep_within(errors, tol, row_tol):
+    bad = {n: e for n, e in errors.items() if not e < (row_tol if n.endswith("(worst row)") else tol)}
+    assert not bad, f"errors over {tol:g} (rows {row_tol:g}): {bad} (all: {errors})"
+
+
 @pytest.mark.parametrize(("T", "K", "V", "count", "tile_elems", "dtype"), [
     (1, 16, 32, 0, 4096, torch.float32),
     (63, 32, 16, 0, 256, torch.float32),
@@ -160,8 +206,8 @@ def prep_leaves(B, T, H, K, V, count, seed):
     (100, 24, 40, 3, 512, torch.float32),  # feature blocks past K, V: masked columns
     (100, 32, 32, 0, 256, torch.float16),
 ])
-def test_prep_function_matches_torch(monkeypatch, T, K, V, count, tile_elems, dtype):
-    """LinGDNPrepFunction against running_mean_torch in fp64: the five outputs and the
+def test_prep_function_matches_loop(monkeypatch, T, K, V, count, tile_elems, dtype):
+    """LinGDNPrepFunction against running_means_loop in fp64: the five outputs and the
     gradients of k, v and the state's sums under random cotangents of all five outputs."""
     monkeypatch.setitem(triton_prep.TUNING, "tile_elems", tile_elems)
     B, H = 2, 2
@@ -171,20 +217,36 @@ def test_prep_function_matches_torch(monkeypatch, T, K, V, count, tile_elems, dt
     ref = [x.double().requires_grad_(True) for x in leaves]
     state, state_ref = (ours[2:], ref[2:]) if count else ([None, None], [None, None])
     out = triton_prep.LinGDNPrepFunction.apply(*ours[:2], *state, triton_prep.PrepOptions(count=count))
-    out_ref = triton_prep.running_mean_torch(*ref[:2], *state_ref, count, torch.float64, torch.float64)
+    out_ref = running_means_loop(*ref[:2], *state_ref, count)
     assert [x.dtype for x in out] == [dtype, dtype] + [torch.float32] * 3
     gen = torch.Generator().manual_seed(99)
     cots = [torch.randn(x.shape, generator=gen).to(x.dtype) for x in out]
     grads = torch.autograd.grad(out, ours, cots)
     grads_ref = torch.autograd.grad(out_ref, ref, [c.double() for c in cots])
-    names = ("key", "value", "v_bar", "k_sum", "v_sum", "dk", "dv", "dk_sum0", "dv_sum0")
-    errors = {n: rel_err(a, b) for n, a, b in zip(names, (*out, *grads), (*out_ref, *grads_ref))}
     for g, leaf in zip(grads, ours):
         assert g.dtype == leaf.dtype and g.shape == leaf.shape
     if T == 1 and not count:  # t = 1 of an empty state: key and value exactly zero
         assert not out[0].any() and not out[1].any()
-    bad = {n: e for n, e in errors.items() if not e < TOL[dtype]}
-    assert not bad, f"errors over {TOL[dtype]:g}: {bad} (all: {errors})"
+    assert_prep_within(prep_errors(out, grads, out_ref, grads_ref), TOL[dtype], ROW_TOL[dtype])
+
+
+@pytest.mark.parametrize(("count", "dt"), [(0, torch.float64), (7, torch.float64), (7, torch.float32)])
+def test_running_mean_torch_matches_loop(count, dt):
+    """running_mean_torch (the preprocessing of fp64 inputs, cumulative sums) against
+    running_means_loop: outputs and gradients, with key/value kept in fp64 (to fp64's
+    bound) and in fp32 as the op runs it for fp64 inputs (fp32's)."""
+    leaves = prep_leaves(2, 70, 2, 16, 24, count, seed=40 + count)
+    ours = [x.double().requires_grad_(True) for x in leaves]
+    ref = [x.double().requires_grad_(True) for x in leaves]
+    state, state_ref = (ours[2:], ref[2:]) if count else ([None, None], [None, None])
+    out = triton_prep.running_mean_torch(*ours[:2], *state, count, torch.float64, dt)
+    out_ref = running_means_loop(*ref[:2], *state_ref, count)
+    assert [x.dtype for x in out] == [dt, dt] + [torch.float64] * 3
+    gen = torch.Generator().manual_seed(98)
+    cots = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in out_ref]
+    grads = torch.autograd.grad(out, ours, [c.to(x.dtype) for c, x in zip(cots, out)])
+    grads_ref = torch.autograd.grad(out_ref, ref, cots)
+    assert_prep_within(prep_errors(out, grads, out_ref, grads_ref), TOL[dt], ROW_TOL[dt])
 
 
 def test_prep_function_partial_cotangents():
@@ -194,8 +256,8 @@ def test_prep_function_partial_cotangents():
     ours = [x.clone().requires_grad_(True) for x in leaves]
     ref = [x.double().requires_grad_(True) for x in leaves]
     key, _, v_bar, _, _ = triton_prep.LinGDNPrepFunction.apply(*ours, triton_prep.PrepOptions(count=2))
-    key_ref, _, v_bar_ref, _, _ = triton_prep.running_mean_torch(*ref, 2, torch.float64, torch.float64)
+    key_ref, _, v_bar_ref, _, _ = running_means_loop(*ref, 2)
     grads = torch.autograd.grad((key * key).sum() + v_bar.sum(), ours)
     grads_ref = torch.autograd.grad((key_ref * key_ref).sum() + v_bar_ref.sum(), ref)
-    errors = [rel_err(a, b) for a, b in zip(grads, grads_ref)]
+    errors = [rel_err(a, b) for a, b in zip(grads, grads_ref)] + [row_err(a, b) for a, b in zip(grads, grads_ref)]
     assert all(e < TOL[torch.float32] for e in errors), errors

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from kernels import delta_rule, gated_delta_rule, gated_linear_attention, linear_attention
+from kernels.gated_linear_attention.triton_vector import record_paths
 from tests.kernels.triton import test_delta_triton, test_gla_triton, test_linear_triton
-from tests.util import TOL
+from tests.util import TOL, TRITON_DECAY_TOL
 
 B, T, H, K, V, CHUNK = 1, 40, 2, 40, 40, 16
 
@@ -78,7 +79,12 @@ def test_gated_linear_attention_vector_gate_every_path(compare):
     g[:, CHUNK:2 * CHUNK] = -2.0 - 2.0 * torch.rand(B, CHUNK, H, K, generator=gen)
     g[:, 2 * CHUNK:] = -12.0 - 8.0 * torch.rand(B, T - 2 * CHUNK, H, K, generator=gen)
     tensors["g"] = g
-    compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=CHUNK)
+    with record_paths() as census:
+        compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=CHUNK)
+    # chunk 0 on the whole-chunk path, 1 on the sub-chunk path, 2 on the exact path, in
+    # every K-block, as the kernels report it
+    for entry in ("intra_A", "bwd_dqkg"):
+        assert test_gla_triton.kernel_census(census, entry) == [[0] * 3, [1] * 3, [2] * 3], entry
 
 
 @pytest.mark.parametrize("fused", [0, 1], ids=["two_kernels", "fused"])
@@ -109,15 +115,19 @@ def test_gated_linear_attention_vector_gate_reference_rows_per_block(compare):
     forget 100 nats at every chunk's first row (then barely decay: the whole-chunk path), the
     second's barely decay (whole-chunk path too), the third's lose 6.5 nats a token (104 a
     chunk: the exact path). A block that took another block's first row as its reference, or
-    chose its path by another block's first row, would scale by e^100 and overflow."""
+    chose its path by another block's first row, would scale by e^100 and overflow. The
+    chunks' gates sum to about -100 nats: TRITON_DECAY_TOL."""
     tensors, h0 = test_gla_triton.make_inputs(B, T, H, K, V, torch.float32, True, seed=7)
     g = torch.full((B, T, H, K), -0.01)
     g[:, ::CHUNK, :, :16] = -100.0
     g[..., 32:] = -6.5
     tensors["g"] = g
-    # per chunk, the path of each K-block (0: whole chunk, 2: exact)
-    assert test_gla_triton.path_census(g, torch.float32, "intra_A", CHUNK) == [[0, 0, 2]] * 3
-    compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=CHUNK)
+    with record_paths() as census:
+        compare(gated_linear_attention, tensors, h0, TRITON_DECAY_TOL, chunk_size=CHUNK)
+    # per chunk, the path each K-block's program ran (0: whole chunk, 2: exact), as the
+    # kernels report it
+    for entry in ("intra_A", "bwd_dqkg"):
+        assert test_gla_triton.kernel_census(census, entry) == [[0, 0, 2]] * 3, entry
 
 
 def test_the_shapes_really_span_blocks_and_segments(monkeypatch):
