@@ -7,7 +7,10 @@
 # back as $OUT/resume.tar.part-* (15 MiB pieces); unpack them into .resume-carry and carry it
 # on the next call, and those runs go on from their last epoch. Logs come back in logs.tgz.
 #   SWEEP=configs/mqar-paper.yaml DEADLINE_S=570 PACK=6 bash benchmarks/h200_mqar.sh
-# TESTS=0, ALONE=0 skip those parts (TEST_FILES: other test files); PROFILE=1 adds benchmarks/mqar_step_profile.py first
+# TESTS=0, ALONE=0 skip those parts (TEST_FILES: other test files); TESTS_BG=1 runs the GPU test
+# files of TEST_FILES_BG (default tests/gpu/test_*.py) beside the sweep, one process per file (their
+# Triton compiles use the CPU cores the graphed sweep leaves idle), logs and each file's errors
+# (GPU_ERRORS_JSON) in $OUT/gpu_tests/; PROFILE=1 adds benchmarks/mqar_step_profile.py first
 # (PROFILE_BACKENDS=torch,triton to compare the backends, PROFILE_PRECISIONS=highest,high fp32
 # against TF32 matmuls, PROFILE_S its time limit).
 set -o pipefail
@@ -32,6 +35,17 @@ h() { python3 -m harness.cli "$@"; }
 if [ "${TESTS:-1}" != 0 ]; then
     echo "== GPU tests: ${TEST_FILES:=tests/tasks/test_graphed_step.py}"
     TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider $TEST_FILES 2>&1 | tail -n 15 | tee "$LOGS/tests.log"
+fi
+BG_TESTS=()
+if [ "${TESTS_BG:-0}" != 0 ]; then
+    mkdir -p "$OUT/gpu_tests"
+    for f in ${TEST_FILES_BG:-tests/gpu/test_*.py}; do
+        n=$(basename "$f" .py)
+        GPU_ERRORS_JSON="$OUT/gpu_tests/$n.json" TRITON_INTERPRET=0 timeout -s INT "$(( DEADLINE_S - 45 ))" \
+            python3 -m pytest -q -s -p no:cacheprovider -rA "$f" >"$OUT/gpu_tests/$n.log" 2>&1 &
+        BG_TESTS+=($!)
+    done
+    echo "== GPU tests in the background: ${#BG_TESTS[@]} files"
 fi
 if [ "${ALONE:-1}" != 0 ]; then
     for mode in false true; do
@@ -61,6 +75,10 @@ for sweep in $SWEEP; do
     echo "sweep $name rc $? wall $(( $(date +%s) - s )) s" | tee -a "$LOGS/sweep-$name.log"
     tail -n 30 "$LOGS/sweep-$name.log"
 done
+if [ ${#BG_TESTS[@]} -gt 0 ]; then
+    wait "${BG_TESTS[@]}"
+    for f in "$OUT"/gpu_tests/*.log; do echo "== $f"; grep -E "passed|failed|FAILED|Error" "$f" | tail -n 8; done
+fi
 tar czf "$OUT/records.tgz" --exclude=.resume -C "$R" .
 for f in "$R"/sweep/.sweep/logs/*; do echo "== $f"; tail -n 3 "$f"; done 2>/dev/null | tail -n 60 >"$LOGS/workers_tail.log"
 if [ -n "$(ls -A "$R/sweep/.resume" 2>/dev/null)" ]; then
