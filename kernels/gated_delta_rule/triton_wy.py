@@ -1,7 +1,9 @@
 """Per-chunk WY/UT preparation of the (gated) delta rule, forward (docs/design.md §10), chunk C = 64.
 
 For each chunk, in parallel (grid: chunks x heads):
-    gamma = cumsum(g) within the chunk (stored, fp32; the other kernels read it)
+    gamma = cumsum(g) within the chunk (stored, fp32; the other kernels read it), each g
+            first raised to GATE_FLOOR (2^-80 in one token: g = -inf, a full reset, stays
+            a finite sum, and exp(gamma_i - gamma_j) never meets -inf - (-inf))
     A     = strictly lower part of diag(beta) (K K^T ⊙ Gamma),  Gamma_ij = e^{gamma_i - gamma_j}
     Tm    = (I + A)^{-1}                       (kernels/common/triton/solve.py)
     W     = Tm diag(beta e^gamma) K,   U0 = Tm diag(beta) V
@@ -19,9 +21,12 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.solve import unit_lower_inverse_64
-from kernels.common.triton.utils import new_buffer, warps
+from kernels.common.triton.utils import GATE_FLOOR_LOG2, LOG2E, new_buffer, warps
 from kernels.gated_delta_rule.triton_tiles import causal_decay, load_tile, load_vec, store_tile, store_vec
 from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, pow2, solve_prec
+
+# kernels/common/triton/utils.py's per-token floor in natural-log units (gamma here is in nats)
+GATE_FLOOR = tl.constexpr(GATE_FLOOR_LOG2 / LOG2E)
 
 
 @triton.jit
@@ -57,10 +62,10 @@ def wy_fwd_kernel(
     b_g3 = tl.zeros([16], dtype=tl.float32)
     if USE_G:
         # zero-padded g past T keeps gamma flat there: padded rows decay nothing
-        b_r0 = load_vec(g + seq, t0, T, H, 16)
-        b_r1 = load_vec(g + seq, t0 + 16, T, H, 16)
-        b_r2 = load_vec(g + seq, t0 + 32, T, H, 16)
-        b_r3 = load_vec(g + seq, t0 + 48, T, H, 16)
+        b_r0 = tl.maximum(load_vec(g + seq, t0, T, H, 16), GATE_FLOOR)
+        b_r1 = tl.maximum(load_vec(g + seq, t0 + 16, T, H, 16), GATE_FLOOR)
+        b_r2 = tl.maximum(load_vec(g + seq, t0 + 32, T, H, 16), GATE_FLOOR)
+        b_r3 = tl.maximum(load_vec(g + seq, t0 + 48, T, H, 16), GATE_FLOOR)
         b_g0 = tl.cumsum(b_r0, axis=0)
         b_g1 = tl.cumsum(b_r1, axis=0) + tl.sum(b_r0, axis=0)
         b_g2 = tl.cumsum(b_r2, axis=0) + (tl.sum(b_r0, axis=0) + tl.sum(b_r1, axis=0))

@@ -5,7 +5,12 @@
 g: [B, T, H] (scalar gate) or [B, T, H, D] (vector gate). The sum restarts at every chunk
 of `chunk_size` tokens; the last chunk may be partial. `scale` multiplies the result
 (LOG2E turns natural-log gates into log2 units for exp2 in the kernels); reverse=True sums
-from the end of each chunk (gamma_i = g_i + ... + g_last), which backward passes use.
+from the end of each chunk (gamma_i = g_i + ... + g_last).
+
+Gates below GATE_FLOOR_LOG2 / scale (utils.py: a decay of 2^-80 in one token) are raised to
+it first, so the sums stay finite for g = -inf (a full reset, which the op contract allows)
+and every difference of two of them, the kernels' exp2(gamma_i - gamma_j), is a number:
+-inf - (-inf) would be NaN. Gates above the floor are summed as they are.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.tiles import load_tile, store_tile
-from kernels.common.triton.utils import LOG2E, block_size, new_buffer
+from kernels.common.triton.utils import GATE_FLOOR_LOG2, LOG2E, block_size, new_buffer
+
+FLOOR = tl.constexpr(GATE_FLOOR_LOG2)
 
 
 @triton.jit
@@ -29,13 +36,14 @@ def chunk_local_cumsum_kernel(
     # row 0 of this (batch, head) sequence, in elements of a [B, T, H] tensor
     seq = i_b.to(tl.int64) * T * H + i_h
     o_t = i_t * BT + tl.arange(0, BT)
+    floor = FLOOR / scale  # in g's units: gates at or above it are summed exactly as they are
     if VECTOR:
         b_g = load_tile(g + seq * D, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
-        b_o = tl.cumsum(b_g, axis=0, reverse=REVERSE) * scale
+        b_o = tl.cumsum(tl.maximum(b_g, floor), axis=0, reverse=REVERSE) * scale
         store_tile(out + seq * D, b_o, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
     else:
         b_g = tl.load(g + seq + o_t * H, mask=o_t < T, other=0.0).to(tl.float32)
-        b_o = tl.cumsum(b_g, axis=0, reverse=REVERSE) * scale
+        b_o = tl.cumsum(tl.maximum(b_g, floor), axis=0, reverse=REVERSE) * scale
         tl.store(out + seq + o_t * H, b_o, mask=o_t < T)
 
 
@@ -45,7 +53,8 @@ def chunk_local_cumsum(
     """Cumulative sum of g within each chunk of `chunk_size` tokens, times `scale`.
 
     g: [B, T, H] or [B, T, H, D], any float dtype, contiguous. Returns fp32 of g's shape.
-    Zero padding past T is neutral, so a partial last chunk needs no special case.
+    Zero padding past T is neutral, so a partial last chunk needs no special case. Gates
+    below GATE_FLOOR_LOG2 / scale count as that floor (scale > 0).
     """
     vector = g.dim() == 4
     B, T, H = g.shape[:3]

@@ -35,7 +35,7 @@ from kernels.common.triton.launch import (
 )
 from kernels.common.triton.segments import segment_entry_states
 from kernels.common.triton.states import _decay_rows
-from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
+from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import (
     GATE_VECTOR,
     dot_precision,
@@ -66,7 +66,6 @@ def chunk_fwd_fused_kernel(
         b_h += load_tile(h_in + (i_bh * S + i_s).to(tl.int64) * K * V, 0, i_v * BV, K, V, V, BK, BV)
     for i_t in range(i_s * CPS, tl.minimum((i_s + 1) * CPS, NT)):
         t0 = i_t * BT
-        m_t = t0 + o_i < T
         p_state = h + (i_bh * NT + i_t).to(tl.int64) * K * V
         if STORE_H:
             store_tile(p_state, b_h, 0, i_v * BV, K, V, V, BK, BV)
@@ -85,7 +84,7 @@ def chunk_fwd_fused_kernel(
         else:
             b_A = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
             if GATE == 1:
-                b_gs = tl.load(gamma + seq + (t0 + o_i) * H, mask=m_t, other=0.0)
+                b_gs = load_gamma_rows(gamma + seq, t0, T, H, BT)
                 b_o *= tl.exp2(b_gs)[:, None]
                 b_A *= tl.exp2(tl.where(m_causal, b_gs[:, None] - b_gs[None, :], float("-inf"))) * scale
             else:

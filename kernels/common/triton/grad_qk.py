@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.launch import LAUNCH, tile
-from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
+from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import GATE_SCALAR, dot_precision, new_buffer, warps
 
 
@@ -59,7 +59,7 @@ def chunk_bwd_dqk_kernel(
     m_causal = o_i[:, None] >= o_i[None, :]
     if GATE == 1:
         last = tl.minimum(t0 + BT, T) - 1
-        b_g = tl.load(gamma + seq + (t0 + o_i) * H, mask=m_t, other=0.0)
+        b_g = load_gamma_rows(gamma + seq, t0, T, H, BT)
         b_glast = tl.load(gamma + seq + last * H)
         b_dq *= tl.exp2(b_g)[:, None]
         b_dk *= tl.exp2(b_glast - b_g)[:, None]

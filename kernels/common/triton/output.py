@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.launch import LAUNCH, tile
-from kernels.common.triton.tiles import load_row, load_tile, load_tile_t, store_tile
+from kernels.common.triton.tiles import load_gamma_rows, load_row, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import dot_precision, new_buffer, warps
 
 
@@ -35,7 +35,6 @@ def chunk_fwd_output_kernel(
     state = (i_bh * NT + i_t).to(tl.int64) * K * V  # this chunk's state
     t0 = i_t * BT
     o_i = tl.arange(0, BT)
-    m_t = t0 + o_i < T
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -51,7 +50,7 @@ def chunk_fwd_output_kernel(
             b_A += tl.dot(b_q, b_kt, input_precision=DOT_PREC)
     m_causal = o_i[:, None] >= o_i[None, :]
     if GATE == 1:
-        b_g = tl.load(gamma + seq + (t0 + o_i) * H, mask=m_t, other=0.0)
+        b_g = load_gamma_rows(gamma + seq, t0, T, H, BT)
         b_o *= tl.exp2(b_g)[:, None]
     if HAS_A:
         b_A = load_tile(A + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
@@ -77,7 +76,6 @@ def chunk_bwd_dv_kernel(
     state = (i_bh * NT + i_t).to(tl.int64) * K * V  # this chunk's state
     t0 = i_t * BT
     o_i = tl.arange(0, BT)
-    m_t = t0 + o_i < T
     last = tl.minimum(t0 + BT, T) - 1
     b_dv = tl.zeros([BT, BV], dtype=tl.float32)
     b_At = tl.zeros([BT, BT], dtype=tl.float32)  # A transposed: [key j, query i]
@@ -96,7 +94,7 @@ def chunk_bwd_dv_kernel(
             b_At += tl.dot(b_k, b_qt, input_precision=DOT_PREC)
     m_causal_t = o_i[:, None] <= o_i[None, :]  # key j <= query i
     if GATE == 1:
-        b_g = tl.load(gamma + seq + (t0 + o_i) * H, mask=m_t, other=0.0)
+        b_g = load_gamma_rows(gamma + seq, t0, T, H, BT)
         b_glast = tl.load(gamma + seq + last * H)
         b_dv *= tl.exp2(b_glast - b_g)[:, None]
     if HAS_A:

@@ -3,7 +3,7 @@ are gone from recent Triton, and tensor descriptors need TMA-aligned shapes).
 
 A matrix here is `ptr` with n_rows x n_cols elements, rows `stride` elements apart: e.g.
 one head's keys are k + ((b*T*H + h) * K) with n_rows = T, n_cols = K, stride = H*K.
-Out-of-range elements load as zero and are not stored.
+Out-of-range elements load as zero and are not stored (load_gamma_rows excepted).
 """
 
 from __future__ import annotations
@@ -46,3 +46,15 @@ def load_row(ptr, row, col0, n_rows, n_cols, stride, BCOL: tl.constexpr):
     # row broadcast to the vector's shape: a scalar-and-vector mask trips the interpreter
     m = (o_c < n_cols) & ((o_c * 0 + row) < n_rows)
     return tl.load(ptr + row.to(tl.int64) * stride + o_c, mask=m, other=0.0)
+
+
+@triton.jit
+def load_gamma_rows(ptr, row0, n_rows, stride, BR: tl.constexpr):
+    """Rows row0..row0+BR-1 of a per-token vector (a scalar gate's cumulative log2-gates,
+    `stride` elements apart): [BR], rows past n_rows reading row n_rows - 1. Padded tokens
+    have zero gates, so their gamma is the last real row's and every decay
+    exp2(gamma_i - gamma_j), i >= j, stays <= 1 on padded rows too; zeros there would give
+    exp2(-gamma_j), which overflows once a chunk's gates pass 128 log2-units, and a padded
+    row's zero times it is NaN."""
+    o_r = tl.minimum(row0 + tl.arange(0, BR), n_rows - 1)
+    return tl.load(ptr + o_r * stride)

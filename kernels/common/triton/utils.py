@@ -14,6 +14,17 @@ from kernels.common.dispatch import triton_interpret
 # exp(x) == exp2(x * LOG2E): cumulative gates are kept in log2 units so kernels use exp2.
 LOG2E = 1.4426950408889634
 
+# The strongest decay one token's gate applies inside the kernels, in log2 units: every
+# per-token log-gate below it (-inf, a full reset, included) is raised to it before the
+# chunk-local cumulative sums. The kernels form decays as exp2(gamma_i - gamma_j) of those
+# sums, and one -inf would make every later difference in its chunk -inf - (-inf) = NaN.
+# 2^-80 leaves nothing of a state fp32 can hold. The floor sits below the vector-gate
+# kernels' factored span (64, triton_vector.FACTORED_SPAN), so a gate it raises still
+# sends its chunk down the path its true value would, and close enough to keep the sums
+# small: every decay inherits their rounding, ulp(|gamma|), 2^-17 past one floored gate
+# while the rest of the chunk's gates sum above -48.
+GATE_FLOOR_LOG2 = -80.0
+
 # Gate modes, passed to kernels as a constexpr.
 GATE_NONE, GATE_SCALAR, GATE_VECTOR = 0, 1, 2
 

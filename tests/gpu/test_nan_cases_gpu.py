@@ -1,0 +1,103 @@
+"""The NaN cases of issue 19 on a CUDA GPU (tests/nan_cases.py: padded rows under strong gates
+and g = -inf, at T = 63, 100, 130, with and without an initial state), in bf16 and fp32 at
+head dims of 128.
+
+Every op runs through its public function with backend="triton" (which raises rather than
+falls back), each case asserts that the op's Triton entry point ran (tests/gpu/backends.py),
+and every buffer the kernels write starts as NaN. The reference is the per-token recurrence in
+fp64 on the same GPU, on the inputs the kernels get (q, k, v rounded to the case's dtype) and
+with the same cotangents. Outputs, final states and every gradient must be finite and within
+the bounds of tests/nan_cases.py: TOL / ROW_TOL (tests/util.py) for bf16 and, for fp32, the
+same bounds as on the CPU interpreter. MesaNet runs 100 CG steps in fp32 (30 in bf16), enough
+to converge at K = 128.
+
+Skipped without CUDA, and in a session where TRITON_INTERPRET is set (run tests/gpu in a
+pytest session of its own). Errors are printed (-s) and, when GPU_ERRORS_JSON names a file,
+written there under each case's label.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu.backends import triton_ran
+from tests.nan_cases import (
+    GATED,
+    LENGTHS,
+    OPS,
+    UNGATED,
+    check_case,
+    make_leaves,
+    output_dtypes,
+    outputs_and_grads,
+)
+from tests.util import GPU_ONLY, record_gpu_errors
+
+pytestmark = GPU_ONLY
+
+pytest.importorskip("triton")
+
+DEVICE = "cuda"
+SHAPE = {"B": 2, "H": 2, "K": 128, "V": 128}
+CASES = ([(op, gates) for op in GATED for gates in ("strong", "reset")]
+         + [(op, None) for op in UNGATED])
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def run_case(op: str, gates: str | None, T: int, with_state: bool, dtype: torch.dtype, label: str) -> dict:
+    """The Triton op and the fp64 recurrence on one case; checks it (check_case) and records
+    its errors under `label`."""
+    from kernels.common.triton import utils
+
+    leaves = make_leaves(op, T, gates, with_state, **SHAPE)
+    # the reference gets the inputs the kernels get: q, k, v rounded to the case's dtype
+    leaves = {n: t.to(dtype).float() if n in ("q", "k", "v") else t for n, t in leaves.items()}
+    options = {"cg_steps": 100 if dtype == torch.float32 else 30} if op == "mesa" else {}
+    utils.DEBUG.poison = True
+    try:
+        with triton_ran(OPS[op][0]):
+            ours = outputs_and_grads(op, leaves, dtype, "triton", device=DEVICE, **options)
+    finally:
+        utils.DEBUG.poison = False
+    ref = outputs_and_grads(op, leaves, torch.float64, "reference", device=DEVICE,
+                            rounded_as=output_dtypes(op, ours))
+    errors = check_case(op, gates, ours, ref, "triton", dtype)
+    record_gpu_errors(label, {f"{n} {metric}": e for n, pair in errors.items()
+                              for metric, e in zip(("rel", "row"), pair)})
+    return errors
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("with_state", [False, True], ids=["no_state", "state"])
+@pytest.mark.parametrize("T", LENGTHS)
+@pytest.mark.parametrize("op, gates", CASES, ids=[f"{op}-{gates or 'ungated'}" for op, gates in CASES])
+def test_matches_reference(op, gates, T, with_state, dtype):
+    run_case(op, gates, T, with_state, DTYPES[dtype],
+             f"nan {op}/{gates or 'ungated'} T={T} {'state' if with_state else 'no state'} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("gates", ["strong", "reset"])
+@pytest.mark.parametrize("op", ["gla_scalar", "gla_vector"])
+def test_fused_forward(monkeypatch, op, gates, dtype):
+    """The linear / GLA forward in one sequential pass (fused_forward.py), which the GPU runs
+    from LAUNCH's min_heads sequences of heads on, forced at B * H = 4."""
+    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
+
+    for name in FUSED_FORWARD_ENTRIES:
+        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], enabled=1, min_heads=1))
+    for T in (63, 100):
+        run_case(op, gates, T, True, DTYPES[dtype], f"nan fused {op}/{gates} T={T} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("gates", ["strong", "reset"])
+def test_gdn_fused_state_output(monkeypatch, gates, dtype):
+    """The gated delta rule's forward with the output fused into the state pass
+    (TUNING["fused_fwd"], off by default), forced on."""
+    from kernels.gated_delta_rule.triton_tuning import TUNING
+
+    monkeypatch.setitem(TUNING, "fused_fwd", dict(TUNING["fused_fwd"], enabled=1, min_heads=1))
+    for T in (63, 100):
+        run_case("gdn", gates, T, True, DTYPES[dtype], f"nan gdn fused/{gates} T={T} {dtype}")
