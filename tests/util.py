@@ -7,9 +7,82 @@ import os
 import pytest
 import torch
 
+# When this variable names a file, rel_err and row_err record every error they measure, and
+# the bound each one is compared with, under the running test; tests/conftest.py writes the
+# records there at the end of the session and tests/error_table.py tabulates them. Unset (the
+# normal suite), the metrics return plain floats and record nothing.
+ERRORS_ENV = "KERNEL_ERRORS_JSON"
+RECORDING = bool(os.environ.get(ERRORS_ENV))
+# (test node id, metric, dtype of `out`, bound or None) -> the largest error measured there;
+# bound None holds every error the metric returned, compared with a bound or not.
+ERROR_RECORDS: dict[tuple[str, str, str, float | None], float] = {}
+
+
+def _current_test() -> str:
+    # PYTEST_CURRENT_TEST is "<node id> (<phase>)"; the phase is dropped so that setup, call
+    # and teardown count as one test
+    return os.environ.get("PYTEST_CURRENT_TEST", "<outside a test>").rsplit(" (", 1)[0]
+
+
+def _record(key: tuple[str, str, str, float | None], value: float) -> None:
+    old = ERROR_RECORDS.get(key)
+    if old is None or value > old:  # inf (a NaN in the output) counts as the largest
+        ERROR_RECORDS[key] = value
+
+
+class MeasuredError(float):
+    """An error from rel_err or row_err while errors are recorded: a float that, compared as
+    `err < bound` or `err <= bound` (or `bound > err`), records itself under that bound, so
+    the table lists the tolerance a test really applies. Other comparisons (a lower bound
+    `err > x`) and arithmetic behave as on a float and record nothing."""
+
+    def __new__(cls, value: float, test: str, metric: str, dtype: str):
+        err = super().__new__(cls, value)
+        err.where = (test, metric, dtype)
+        _record((*err.where, None), value)
+        return err
+
+    def _bounded(self, bound: object) -> None:
+        if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+            _record((*self.where, float(bound)), float(self))
+
+    def __lt__(self, bound):
+        self._bounded(bound)
+        return float(self) < bound
+
+    def __le__(self, bound):
+        self._bounded(bound)
+        return float(self) <= bound
+
+
+def _measured(value: float, metric: str, out: torch.Tensor) -> float:
+    if not RECORDING:
+        return value
+    return MeasuredError(value, _current_test(), metric, str(out.dtype).removeprefix("torch."))
+
+
+def error_records() -> list[list]:
+    """The recorded errors as JSON-ready rows [test, metric, dtype, bound or None, error]."""
+    return [[*key, value] for key, value in ERROR_RECORDS.items()]
+
+
+def merge_error_records(*parts: list[list]) -> list[list]:
+    """Rows of error_records() from several processes, one row per key with its largest error."""
+    merged: dict[tuple, float] = {}
+    for rows in parts:
+        for *key, value in rows:
+            key = tuple(key)
+            if key not in merged or value > merged[key]:
+                merged[key] = value
+    return [[*key, value] for key, value in merged.items()]
+
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in fp64; NaN or inf anywhere in `out` gives inf."""
+    return _measured(_rel_err(out, ref), "rel_err", out)
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out64, ref64 = out.detach().double(), ref.detach().double()
     if not torch.isfinite(out64).all():
         return float("inf")
@@ -25,6 +98,10 @@ def row_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     divided by the root-mean-square row norm of ref, a row being the last dimension (one
     token of one head). The whole-tensor rel_err averages a few bad rows away (a garbage chunk
     or a zeroed token among 32k); this does not. NaN or inf anywhere gives inf."""
+    return _measured(_row_err(out, ref), "row_err", out)
+
+
+def _row_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out64, ref64 = out.detach().double(), ref.detach().double()
     if not torch.isfinite(out64).all():
         return float("inf")
@@ -40,11 +117,24 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan"))
 
 
-TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+# fp32: every CPU kernel test measures at most 3.8e-6 (worst rows; whole tensors 1.1e-6) against
+# fp64, the chunked and Triton forms, MesaNet's converged CG included (results/bench/
+# kernel_test_errors_cpu.json, python -m tests.error_table); 1e-5 bounds that with a margin of
+# 2.6. Triton GLA and gated-delta-rule tests under strong gates have their own bound,
+# TRITON_DECAY_TOL.
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 # row_err's bounds: TOL, except bf16, whose worst rows (8 mantissa bits, rows of 16-100 values)
 # measure up to 1.44e-2 in the chunked CPU forms (GLA's dg; 2026-12-02) against a whole-tensor
 # error near 4e-3. The worst of hundreds of rows sits above the mean; 2e-2 bounds it.
 ROW_TOL = {**TOL, torch.bfloat16: 2e-2}
+# The Triton GLA and gated-delta-rule kernels form each decay as exp2(Gamma_i - Gamma_j) of fp32
+# chunk-local cumulative log2-gates. Where a chunk's gates sum to hundreds of nats, Gamma
+# reaches 150-500 and carries rounding of ulp(Gamma) = 1.5e-5..6e-5, which every decay inherits
+# (the PyTorch chunked forms, which never subtract long sums, measure 3e-7..1e-6 on the same
+# inputs). fp32 tests of those kernels under such gates measure up to 6.3e-5 on worst rows and
+# 7.7e-6 whole-tensor (test_strongly_negative_gates[scalar], 2026-12-02) and are held to this
+# bound instead of TOL.
+TRITON_DECAY_TOL = 1e-4
 
 # pytestmark of the tests in tests/gpu: real Triton on a CUDA device only. Under
 # TRITON_INTERPRET (set for the whole CPU session by tests/conftest.py) the kernels would

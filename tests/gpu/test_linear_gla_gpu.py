@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.gpu.backends import triton_ran
-from tests.util import GPU_ONLY, ROW_TOL, TOL, record_gpu_errors, rel_err, row_err
+from tests.util import GPU_ONLY, ROW_TOL, TOL, TRITON_DECAY_TOL, record_gpu_errors, rel_err, row_err
 
 pytestmark = GPU_ONLY
 
@@ -131,10 +131,12 @@ def test_fp32(gate, K, V, T):
 @pytest.mark.parametrize("gate_kind", ["moderate", "strong"])
 def test_fp32_vector_partial_blocks(gate_kind):
     """fp32 vector gates off the whole-chunk path, K = 100 (the backward's second K-block
-    partial) and V = 60."""
+    partial) and V = 60. Strong gates take TRITON_DECAY_TOL: the decays are differences of fp32
+    cumulative gates (tests/util.py; dg measured 9.9e-6 here on the H200, 2026-11-29)."""
     tensors, h0 = make_inputs(2, 777, 3, 100, 60, torch.float32, "vector", gate_kind, seed=5)
-    errors = check_against_fp64(tensors, h0, TOL[torch.float32], label=f"fp32 T=777 K=100 V=60 vector/{gate_kind}")
-    assert_each(errors, TOL[torch.float32], ROW_TOL[torch.float32])
+    whole, row = (TRITON_DECAY_TOL,) * 2 if gate_kind == "strong" else (TOL[torch.float32], ROW_TOL[torch.float32])
+    errors = check_against_fp64(tensors, h0, whole, label=f"fp32 T=777 K=100 V=60 vector/{gate_kind}")
+    assert_each(errors, whole, row)
 
 
 @pytest.mark.parametrize("segments", [0, 1024], ids=["one_segment", "segmented"])

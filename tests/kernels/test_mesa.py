@@ -183,7 +183,7 @@ def test_prefill_then_step_equals_full_call(step_cg_steps):
     for t in range(prefill, T):
         o_t, carried = mesa_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], lamb, carried, cg_steps=step_cg_steps)
         decoded.append(o_t[:, None])
-    assert rel_err(torch.cat(decoded, dim=1), o_full) < 1e-4
+    assert rel_err(torch.cat(decoded, dim=1), o_full) < TOL[torch.float32]
     assert rel_err(carried.h_kk, final_full.h_kk) < 1e-5
     assert rel_err(carried.h_kv, final_full.h_kv) < 1e-5
 

@@ -83,3 +83,113 @@ def test_every_niah_sequence_scores_its_answers_and_only_them(case):
         assert ((y[scored] >= vocab.value_start) & (y[scored] < vocab.filler_start)).all(), "answers are value tokens"
         for pos in scored:  # a model can only recall what it has seen: each answer token occurs earlier
             assert y[pos] in x[:pos].tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(_settings())
+def test_mqar_queries_sit_at_even_offsets_after_the_context(setting):
+    """Each query is at 2 kv + 2 gap (an even offset from the context's end) and its label is
+    on the same position; without random filler every other position after the context is 0."""
+    n, seq_len, kv, vocab, seed, _ = setting
+    for random_non_queries in (False, True):
+        inputs, labels = make_mqar(n, seq_len, kv, vocab, seed, random_non_queries=random_non_queries)
+        for x, y in zip(inputs, labels):
+            scored = np.flatnonzero(y != -100)
+            assert ((scored >= 2 * kv) & ((scored - 2 * kv) % 2 == 0)).all()
+            if not random_non_queries:
+                rest = np.ones(seq_len, dtype=bool)
+                rest[: 2 * kv] = False
+                rest[scored] = False
+                assert (x[rest] == 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 5), low=st.integers(0, 50), pool=st.integers(1, 300), fraction=st.floats(0.0, 1.0),
+       seed=st.integers(0, 2**31 - 1))
+def test_distinct_draws_are_distinct_and_in_range(rows, low, pool, fraction, seed):
+    """Both of distinct_draws' regimes (redrawn i.i.d. rows when count^2 <= pool, smallest
+    scores otherwise, the whole pool included): each row `count` distinct numbers of
+    [low, low + pool), and the same seed gives the same rows."""
+    from tasks.mqar_data import distinct_draws
+
+    count = max(1, round(fraction * pool))
+    out = distinct_draws(np.random.default_rng(seed), rows, count, low, low + pool)
+    assert out.shape == (rows, count) and out.dtype == np.int64
+    assert ((out >= low) & (out < low + pool)).all()
+    assert all(len(set(row.tolist())) == count for row in out)
+    assert np.array_equal(out, distinct_draws(np.random.default_rng(seed), rows, count, low, low + pool))
+
+
+def _parse_niah(x: np.ndarray, y: np.ndarray, variant, vocab):
+    """The full token sequence of one NIAH example (inputs and the last label), cut into its
+    context and query region. Returns (context, [(query key, value tokens)] in query order)."""
+    from tasks.niah_data import QUERY
+
+    full = np.append(x, y[-1])
+    context, region = full[: len(full) - variant.query_len()], full[len(full) - variant.query_len():]
+    per_query = 2 + variant.values_per_key * variant.value_len
+    queries = []
+    for start in range(0, len(region), per_query):
+        part = region[start : start + per_query]
+        assert part[0] == QUERY and vocab.key_start <= part[1] < vocab.value_start
+        queries.append((int(part[1]), part[2:]))
+    return context, queries
+
+
+@settings(max_examples=60, deadline=None)
+@given(_niah_cases())
+def test_every_niah_needle_is_where_its_depth_says_and_answers_are_its_values(case):
+    """The context is the haystack (exactly filler_len filler tokens; the repeated haystack
+    cycles its pattern) with num_needles needles [NEEDLE, key, value tokens] in it, value
+    starts distinct; each query [QUERY, key] is followed by the values of that key's needles
+    in the order they appear, and those are the scored labels (teacher-forced: each scored
+    label is the next input); the depth recorded for an answer is the share of the haystack
+    before its needle."""
+    from tasks.niah_data import NEEDLE, make_niah
+
+    variant, vocab, seq_len, seed = case
+    block = make_niah(variant, 2, seq_len, vocab, seed)
+    n_fill = variant.filler_len(seq_len)
+    for x, y, ids, depths in zip(block.inputs, block.labels, block.answer_ids, block.answer_depths):
+        context, queries = _parse_niah(x, y, variant, vocab)
+        is_filler = context >= vocab.filler_start
+        assert is_filler.sum() == n_fill
+        if variant.haystack == "repeat":
+            assert np.array_equal(context[is_filler], vocab.filler_start + np.arange(n_fill) % vocab.pattern_len)
+        needles = np.flatnonzero(context == NEEDLE)
+        assert len(needles) == variant.num_needles
+        by_key: dict[int, list[tuple[np.ndarray, float]]] = {}
+        for p in needles:
+            key, value = int(context[p + 1]), context[p + 2 : p + 2 + variant.value_len]
+            assert ((value >= vocab.value_start) & (value < vocab.filler_start)).all()
+            by_key.setdefault(key, []).append((value, is_filler[:p].sum() / n_fill))
+        assert len(by_key) == variant.keys and all(len(v) == variant.values_per_key for v in by_key.values())
+        firsts = [value[0] for found in by_key.values() for value, _ in found]
+        assert len(set(firsts)) == len(firsts), "no two needles share a value start"
+        assert len({key for key, _ in queries}) == variant.queries
+        scored = np.flatnonzero(y != -100)
+        assert (y[scored[scored < seq_len - 1]] == x[scored[scored < seq_len - 1] + 1]).all(), "teacher forcing"
+        answer = 0
+        for key, values in queries:
+            expected = np.concatenate([value for value, _ in by_key[key]])
+            assert np.array_equal(values, expected), "a query's values are its key's needles, in order"
+            for value, depth in by_key[key]:
+                assert np.array_equal(y[ids == answer], value), "an answer's scored labels are its needle's value"
+                assert depths[answer] == depth
+                answer += 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(_niah_cases(), st.lists(st.floats(0.0, 1.0), min_size=2, max_size=2))
+def test_niah_target_depths_are_placed_and_seeds_reproduce(case, targets):
+    """Given depths, the target needle (a queried key's) lies at round(depth * filler_len)
+    fillers into the haystack; the same seed gives the same block."""
+    from tasks.niah_data import make_niah
+
+    variant, vocab, seq_len, seed = case
+    block = make_niah(variant, 2, seq_len, vocab, seed, depths=np.array(targets))
+    n_fill = variant.filler_len(seq_len)
+    for depth, recorded in zip(targets, block.answer_depths):
+        assert round(depth * n_fill) / n_fill in recorded.tolist()
+    again = make_niah(variant, 2, seq_len, vocab, seed, depths=np.array(targets))
+    assert all(np.array_equal(a, b) for a, b in zip(block.as_dict().values(), again.as_dict().values()))
