@@ -131,6 +131,7 @@ class Mixer(nn.Module):
         self.num_heads = config.num_heads
         self.head_dim, self.value_dim = layer_widths(d_model, config)
         self.backend_used: str | None = None
+        self.values_checked = False  # see value_checks_due
 
     @classmethod
     def from_options(cls, d_model: int, options: dict[str, Any] | None = None) -> "Mixer":
@@ -141,6 +142,21 @@ class Mixer(nn.Module):
         """The concrete backend for this mixer's op on x's device and dtype (kept in `backend_used`)."""
         self.backend_used = resolve_backend(self.op_name, self.config.backend, x.device, x.dtype)
         return self.backend_used
+
+    def value_checks_due(self) -> bool:
+        """The op's check_values for this call: True on this instance's first call only.
+
+        A mixer's gates come from parametrisations that keep them valid by construction
+        (g = logsigmoid(.) or -exp(A) softplus(.), beta = sigmoid(.)), so the first call
+        catches a wiring bug and later calls skip the host sync of the value checks. A gate
+        that turns non-finite later (a diverging run) makes the loss non-finite, which the
+        training loop records as diverged. Under torch.compile the op skips value checks
+        anyway; this returns False there and leaves the flag alone (no attribute write to trace)."""
+        if torch.compiler.is_compiling():
+            return False
+        due = not self.values_checked
+        self.values_checked = True
+        return due
 
     def step_backend(self) -> str:
         """Backend for the op's decode step: the PyTorch step when this mixer is pinned to

@@ -28,7 +28,7 @@ class DeltaNet(ProjectedMixer):
     def run_op(self, q, k, v, gates, initial_state=None, output_final_state=False):
         return delta_rule(
             q, k, v, gates["beta"], initial_state=initial_state, output_final_state=output_final_state,
-            backend=self.backend_used, chunk_size=self.config.chunk_size,
+            backend=self.backend_used, chunk_size=self.config.chunk_size, check_values=self.value_checks_due(),
         )
 
     def step_op(self, q_t, k_t, v_t, gates_t, state):

@@ -71,6 +71,7 @@ class GatedDeltaNet(ProjectedMixer):
         return gated_delta_rule(
             q, k, v, gates["g"], gates["beta"], initial_state=initial_state,
             output_final_state=output_final_state, backend=self.backend_used, chunk_size=self.config.chunk_size,
+            check_values=self.value_checks_due(),
         )
 
     def step_op(self, q_t, k_t, v_t, gates_t, state):

@@ -49,6 +49,7 @@ class MesaNet(ProjectedMixer):
             q, k, v, gates["g"], gates["beta"], self.lamb(), initial_state=initial_state,
             output_final_state=output_final_state, backend=self.backend_used,
             chunk_size=self.config.chunk_size, cg_steps=self.config.cg_steps, cg_tol=self.config.cg_tol,
+            check_values=self.value_checks_due(),
         )
 
     def step_op(self, q_t, k_t, v_t, gates_t, state):

@@ -1,5 +1,10 @@
 """Argument checks shared by every op: each failure is a ValueError that names the
-argument, what was received and what is valid."""
+argument, what was received and what is valid.
+
+Shape, dtype and device checks read only metadata and always run. Value checks (g <= 0,
+beta in (0, 1], mesa's lamb > 0) reduce the tensor and read the result on the host: a device
+sync, and a graph break under torch.compile. They run when the op is called with
+check_values=True and the host may read the device (`reads_values`)."""
 
 from __future__ import annotations
 
@@ -9,11 +14,22 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def graph_capturing(t: torch.Tensor) -> bool:
-    """True while t's CUDA stream is being captured into a CUDA graph.
+    """True while a graph is being captured around t: torch.compile tracing it (dynamo), or
+    t's CUDA stream being captured into a CUDA graph.
 
-    A value check reads the device (a host sync), which capture forbids; a captured op
-    skips its value checks, and the graphed training step checks its loss instead."""
+    Reading t's values on the host is a graph break under torch.compile and a forbidden host
+    sync under CUDA-graph capture. While capturing, ops skip their value checks (the graphed
+    training step checks its loss instead) and code that branches on a device value takes
+    the branch that is right for every value."""
+    if torch.compiler.is_compiling():
+        return True
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def reads_values(t: torch.Tensor, check_values: bool) -> bool:
+    """Whether a value check of t runs: asked for (an op's check_values) and possible (not
+    while a graph is captured, see graph_capturing)."""
+    return bool(check_values) and not graph_capturing(t)
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -56,9 +72,10 @@ def _float_on(op: str, name: str, t: torch.Tensor, device: torch.device | None) 
 
 
 def check_gate(op: str, g: torch.Tensor, B: int, T: int, H: int, K: int, allow_vector: bool,
-               device: torch.device | None = None) -> bool:
-    """Check a log-space gate g <= 0 of shape [B, T, H] (or [B, T, H, K] when allowed), floating,
-    on `device` when given. Returns True for a vector gate."""
+               device: torch.device | None = None, check_values: bool = True) -> bool:
+    """Check a log-space gate g of shape [B, T, H] (or [B, T, H, K] when allowed), floating,
+    on `device` when given, and (see reads_values) g <= 0 everywhere. Returns True for a
+    vector gate."""
     valid = f"[{B}, {T}, {H}]" + (f" or [{B}, {T}, {H}, {K}]" if allow_vector else "")
     if not isinstance(g, torch.Tensor):
         raise ValueError(f"{op}: g must be a torch.Tensor of shape {valid}, got {type(g).__name__}")
@@ -69,7 +86,7 @@ def check_gate(op: str, g: torch.Tensor, B: int, T: int, H: int, K: int, allow_v
         vector = True
     else:
         raise ValueError(f"{op}: g must have shape {valid}, got {_shape(g)}")
-    if graph_capturing(g):
+    if not reads_values(g, check_values):
         return vector
     with torch.no_grad():
         gmax = g.max().item()
@@ -81,13 +98,15 @@ def check_gate(op: str, g: torch.Tensor, B: int, T: int, H: int, K: int, allow_v
     return vector
 
 
-def check_beta(op: str, beta: torch.Tensor, B: int, T: int, H: int, device: torch.device | None = None) -> None:
-    """Check beta: [B, T, H], floating, on `device` when given, with values in (0, 1]."""
+def check_beta(op: str, beta: torch.Tensor, B: int, T: int, H: int, device: torch.device | None = None,
+               check_values: bool = True) -> None:
+    """Check beta: [B, T, H], floating, on `device` when given, and (see reads_values) its
+    values in (0, 1]."""
     if not isinstance(beta, torch.Tensor) or tuple(beta.shape) != (B, T, H):
         got = _shape(beta) if isinstance(beta, torch.Tensor) else type(beta).__name__
         raise ValueError(f"{op}: beta must have shape [{B}, {T}, {H}], got {got}")
     _float_on(op, "beta", beta, device)
-    if graph_capturing(beta):
+    if not reads_values(beta, check_values):
         return
     with torch.no_grad():
         bmin, bmax = beta.min().item(), beta.max().item()
@@ -137,12 +156,15 @@ def check_step_qkv(op: str, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Ten
 
 
 def check_step_gate(op: str, g_t: torch.Tensor, B: int, H: int, K: int | None = None) -> None:
-    """Check one token's log-gate g_t: [B, H] (or [B, H, K] when K is given), values <= 0."""
+    """Check one token's log-gate g_t: [B, H] (or [B, H, K] when K is given), and its values
+    <= 0 unless a graph is being captured (graph_capturing)."""
     shapes = [(B, H)] + ([(B, H, K)] if K is not None else [])
     valid = " or ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes)
     if not isinstance(g_t, torch.Tensor) or tuple(g_t.shape) not in shapes:
         got = _shape(g_t) if isinstance(g_t, torch.Tensor) else type(g_t).__name__
         raise ValueError(f"{op}: g_t must have shape {valid}, got {got}")
+    if graph_capturing(g_t):
+        return
     with torch.no_grad():
         gmax = g_t.max().item()
     if not gmax <= 0.0:  # catches NaN too
@@ -150,10 +172,13 @@ def check_step_gate(op: str, g_t: torch.Tensor, B: int, H: int, K: int | None = 
 
 
 def check_step_beta(op: str, beta_t: torch.Tensor, B: int, H: int) -> None:
-    """Check one token's beta_t: [B, H] with values in (0, 1]."""
+    """Check one token's beta_t: [B, H], and its values in (0, 1] unless a graph is being
+    captured (graph_capturing)."""
     if not isinstance(beta_t, torch.Tensor) or tuple(beta_t.shape) != (B, H):
         got = _shape(beta_t) if isinstance(beta_t, torch.Tensor) else type(beta_t).__name__
         raise ValueError(f"{op}: beta_t must have shape [{B}, {H}], got {got}")
+    if graph_capturing(beta_t):
+        return
     with torch.no_grad():
         bmin, bmax = beta_t.min().item(), beta_t.max().item()
     if not (bmin > 0.0 and bmax <= 1.0):

@@ -25,6 +25,7 @@ def gated_delta_rule(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule, per head: h_t = exp(g_t) (I - beta_t k_t k_t^T) h_{t-1} + beta_t k_t v_t^T,
     o_t = h_t^T (scale q_t).
@@ -41,11 +42,16 @@ def gated_delta_rule(
     backend: "auto" (triton on CUDA, torch elsewhere), "reference" (per-token loop),
     "torch" (chunkwise, autograd) or "triton"; chunk_size is the chunk length of the
     chunkwise backends.
+
+    check_values: check g <= 0 and beta in (0, 1] on the host, a device sync and, under
+    torch.compile (where they are skipped, as under CUDA-graph capture), a graph break. Pass
+    False where the caller guarantees the values, e.g. g = -exp(A) softplus(...) and
+    beta = sigmoid(...) by construction. Shapes, dtypes and devices are always checked.
     """
     op = "gated_delta_rule"
     B, T, H, K, V = check_qkv(op, q, k, v)
-    check_gate(op, g, B, T, H, K, allow_vector=False, device=q.device)
-    check_beta(op, beta, B, T, H, device=q.device)
+    check_gate(op, g, B, T, H, K, allow_vector=False, device=q.device, check_values=check_values)
+    check_beta(op, beta, B, T, H, device=q.device, check_values=check_values)
     check_state(op, "initial_state", initial_state, (B, H, K, V), device=q.device)
     check_chunk_size(op, chunk_size)
     scale = default_scale(op, scale, K)

@@ -16,6 +16,10 @@ peak memory next to the times.
 
 Keys need not be unit norm: the transition I - beta k k^T is a contraction, and the
 chunk's (I + A)^{-1} well conditioned, while beta ||k||^2 <= 2.
+
+ChunkDeltaRuleFunction runs inside the custom ops delta_rule_fwd / delta_rule_bwd
+(kernels/common/custom_op.py) so that torch.compile traces the Triton path as opaque nodes;
+`delta_rule_apply` is the differentiable entry.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
+from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_placeholder, placeholder, present
 from kernels.gated_delta_rule.triton_bwd import du_local, state_bwd
 from kernels.gated_delta_rule.triton_bwd_grad import dqkw
 from kernels.gated_delta_rule.triton_fwd import fused_output_applies, output_fwd, state_fwd
@@ -77,6 +83,93 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         return dq, dk, dv, dg, dbeta, dh0, None
 
 
+@torch.library.custom_op(op_name("delta_rule_fwd"), mutates_args=())
+def delta_rule_fwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
+    scale: float, output_final_state: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """ChunkDeltaRuleFunction's forward as a custom op. q, k: [B, T, H, K], v: [B, T, H, V]
+    (one dtype, contiguous); g | None, beta: [B, T, H]; initial_state [B, H, K, V] or None.
+    Returns o [B, T, H, V], the final state [B, H, K, V] fp32 (a placeholder unless
+    output_final_state) and what the backward reads besides the inputs: gamma [B, T, H] fp32
+    (a placeholder without g), Tm [B, T, H, 64], W [B, T, H, K], U [B, T, H, V] and the
+    per-chunk states h [B, H, NT, K, V] (in q's dtype)."""
+    ctx = FunctionContext()
+    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, k, v, g, beta, initial_state, DeltaOptions(scale, output_final_state))
+    gam, tm, w, u, h = ctx.saved_tensors[4:]
+    return o, or_placeholder(ht, q.device), or_placeholder(gam, q.device), tm, w, u, h
+
+
+@delta_rule_fwd.register_fake
+def _delta_rule_fwd_fake(q, k, v, g, beta, initial_state, scale, output_final_state):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = (T + CHUNK - 1) // CHUNK
+    ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else placeholder(q.device)
+    gam = q.new_empty(B, T, H, dtype=torch.float32) if g is not None else placeholder(q.device)
+    return (q.new_empty(B, T, H, V), ht, gam, q.new_empty(B, T, H, CHUNK), q.new_empty(B, T, H, K),
+            q.new_empty(B, T, H, V), q.new_empty(B, H, NT, K, V))
+
+
+@torch.library.custom_op(op_name("delta_rule_bwd"), mutates_args=())
+def delta_rule_bwd(
+    do: Tensor, dht: Tensor | None, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, gam: Tensor | None,
+    tm: Tensor, w: Tensor, u: Tensor, h: Tensor, scale: float, g_dtype: torch.dtype | None,
+    h0_dtype: torch.dtype | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """ChunkDeltaRuleFunction's backward as a custom op: the gradients (dq, dk, dv, dg,
+    dbeta, dh0) of delta_rule_fwd's inputs, shaped as those inputs; dg (in g_dtype) is a
+    placeholder without a gate and dh0 (in h0_dtype) without an initial state."""
+    ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h), opts=DeltaOptions(scale, dht is not None),
+                          g_dtype=g_dtype, h0_dtype=h0_dtype)
+    dq, dk, dv, dg, dbeta, dh0, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
+    return dq, dk, dv, or_placeholder(dg, q.device), dbeta, or_placeholder(dh0, q.device)
+
+
+@delta_rule_bwd.register_fake
+def _delta_rule_bwd_fake(do, dht, q, k, v, beta, gam, tm, w, u, h, scale, g_dtype, h0_dtype):
+    B, T, H, K = q.shape
+    dg = q.new_empty(B, T, H, dtype=g_dtype) if g_dtype is not None else placeholder(q.device)
+    dh0 = q.new_empty(B, H, K, v.shape[-1], dtype=h0_dtype) if h0_dtype is not None else placeholder(q.device)
+    return fake_like(q, q.device), fake_like(k, q.device), fake_like(v, q.device), dg, fake_like(beta, q.device), dh0
+
+
+def _delta_rule_setup(ctx, inputs, output):
+    q, k, v, g, beta, initial_state, scale, output_final_state = inputs
+    _, _, gam, tm, w, u, h = output
+    ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h)
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+    ctx.g_dtype = g.dtype if g is not None else None
+    ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
+    # no zero gradients for the residual outputs, which nothing downstream uses
+    ctx.set_materialize_grads(False)
+
+
+def _delta_rule_backward(ctx, do, dht, *residual_grads):
+    q, k, v, beta, gam, tm, w, u, h = ctx.saved_tensors
+    has_g, has_h0 = ctx.g_dtype is not None, ctx.h0_dtype is not None
+    do = do if do is not None else torch.zeros_like(v)
+    dht = dht if ctx.output_final_state else None
+    dq, dk, dv, dg, dbeta, dh0 = delta_rule_bwd(
+        do, dht, q, k, v, beta, present(gam, has_g), tm, w, u, h, ctx.scale, ctx.g_dtype, ctx.h0_dtype,
+    )
+    return dq, dk, dv, present(dg, has_g), dbeta, present(dh0, has_h0), None, None
+
+
+delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
+
+
+def delta_rule_apply(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
+    scale: float, output_final_state: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """The differentiable Triton gated delta rule (g None: the delta rule) on prepared inputs
+    (as delta_rule_fwd takes them). Returns (o [B, T, H, V], final state [B, H, K, V] fp32 or
+    None); gradients flow to q, k, v, g, beta and initial_state."""
+    o, ht, *_ = delta_rule_fwd(q, k, v, g, beta, initial_state, float(scale), bool(output_final_state))
+    return o, present(ht, output_final_state)
+
+
 def check_triton_inputs(op: str, q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> None:
     """What the Triton kernels support beyond the op contract, as ValueErrors."""
     if q.dtype not in TRITON_DTYPES:
@@ -103,8 +196,7 @@ def chunk_delta_rule_triton(
     q, k, v = q.to(dt).contiguous(), k.to(dt).contiguous(), v.to(dt).contiguous()
     beta = beta.contiguous()
     g = g.contiguous() if g is not None else None
-    opts = DeltaOptions(scale=float(scale), output_final_state=bool(output_final_state))
-    o, ht = ChunkDeltaRuleFunction.apply(q, k, v, g, beta, initial_state, opts)
+    o, ht = delta_rule_apply(q, k, v, g, beta, initial_state, scale, output_final_state)
     if input_dtype == torch.float64:
         o, ht = o.double(), (ht.double() if ht is not None else None)
     return o, (ht if output_final_state else None)

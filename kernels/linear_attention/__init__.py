@@ -26,6 +26,7 @@ def linear_attention(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal linear attention.
 
@@ -33,6 +34,9 @@ def linear_attention(
     initial_state: [B, H, K, V] or None (zeros). backend: "auto" | "reference" | "torch" |
     "triton". Returns o: [B, T, H, V] in q's dtype and, if output_final_state, the final
     state [B, H, K, V] (fp32; fp64 for fp64 inputs), else None.
+
+    check_values: accepted so that every op takes it; this op has no values to check (its
+    shape, dtype and device checks read no data).
     """
     B, T, H, K, V = check_qkv(OP, q, k, v)
     check_state(OP, "initial_state", initial_state, (B, H, K, V), device=q.device)

@@ -1,19 +1,15 @@
 """Triton backend of linear_attention (arguments already validated by the public op).
 
 Linear attention is gated linear attention without a gate, so it runs the same chunk
-pipeline (kernels/gated_linear_attention/triton_function.py) with g = None.
+pipeline (kernels/gated_linear_attention/triton_function.py, through the custom ops of
+kernels/gated_linear_attention/triton_op.py) with g = None.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.gated_linear_attention.triton_function import (
-    ChunkGatedLinearAttentionFunction,
-    ChunkOptions,
-    grad_wanted,
-)
-from kernels.gated_linear_attention.triton_op import prepare_inputs
+from kernels.gated_linear_attention.triton_op import gla_apply, prepare_inputs
 
 
 def linear_attention_triton(
@@ -33,9 +29,7 @@ def linear_attention_triton(
     for fp64 inputs) or None. Gradients flow to q, k, v and initial_state.
     """
     (q, k, v), h0, out_dtype = prepare_inputs("linear_attention", (q, k, v), initial_state, chunk_size)
-    opts = ChunkOptions(scale=float(scale), chunk_size=chunk_size, output_final_state=output_final_state,
-                        store_states=grad_wanted(q, k, v, h0))
-    o, ht = ChunkGatedLinearAttentionFunction.apply(q, k, v, None, h0, opts)
+    o, ht = gla_apply(q, k, v, None, h0, scale, chunk_size, output_final_state)
     if out_dtype == torch.float64:
         o = o.to(out_dtype)
         ht = ht.to(out_dtype) if ht is not None else None

@@ -26,6 +26,7 @@ def linearized_softmax_gdn(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, LinGDNState | None]:
     """Softmax attention linearized into a gated delta rule (docs/design.md §7, seed 000):
 
@@ -48,6 +49,9 @@ def linearized_softmax_gdn(
 
     backend: "auto" (triton on CUDA, torch elsewhere), "reference" (the §7 loop), "torch"
     (the chunked gated delta rule after preprocessing) or "triton".
+
+    check_values: accepted so that every op takes it; this op has no values to check (its
+    shape, dtype and device checks read no data).
     """
     op = "linearized_softmax_gdn"
     B, T, H, K, V = check_qkv(op, q, k, v)

@@ -16,14 +16,86 @@ Gradients flow through the preprocessing to q, k, v and to the state's h, k_sum,
 fp16/bf16/fp32 inputs: LinGDNPrepFunction (Triton, fp32 sums; key/value in the input dtype).
 fp64 inputs: the same formulas in torch (running_mean_torch), fp64 sums, key/value in fp32
 for the kernels, whose widest type is fp32.
+
+LinGDNPrepFunction runs inside the custom ops lin_gdn_prep_fwd / lin_gdn_prep_bwd
+(kernels/common/custom_op.py), and the delta rule through delta_rule_apply, so that
+torch.compile traces the Triton path as opaque nodes.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-from kernels.gated_delta_rule.triton_op import ChunkDeltaRuleFunction, DeltaOptions, check_triton_inputs
+from kernels.common.custom_op import FunctionContext, op_name, or_placeholder, placeholder, present
+from kernels.gated_delta_rule.triton_op import check_triton_inputs, delta_rule_apply
 from kernels.linearized_softmax_gdn.triton_prep import LinGDNPrepFunction, PrepOptions, running_mean_torch
+
+
+@torch.library.custom_op(op_name("lin_gdn_prep_fwd"), mutates_args=())
+def lin_gdn_prep_fwd(
+    k: Tensor, v: Tensor, k_sum0: Tensor | None, v_sum0: Tensor | None, count: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """LinGDNPrepFunction's forward as a custom op: k [B, T, H, K], v [B, T, H, V]
+    (fp16/bf16/fp32, contiguous), k_sum0 [B, H, K] / v_sum0 [B, H, V] fp32 or None, count
+    tokens already seen. Returns (key [B, T, H, K] in k's dtype, value [B, T, H, V] in v's
+    dtype, v_bar [B, T, H, V] fp32, k_sum [B, H, K] fp32, v_sum [B, H, V] fp32)."""
+    return LinGDNPrepFunction.forward(FunctionContext(), k, v, k_sum0, v_sum0, PrepOptions(count=count))
+
+
+@lin_gdn_prep_fwd.register_fake
+def _lin_gdn_prep_fwd_fake(k, v, k_sum0, v_sum0, count):
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    f32 = torch.float32
+    return (k.new_empty(B, T, H, K), v.new_empty(B, T, H, V), v.new_empty(B, T, H, V, dtype=f32),
+            k.new_empty(B, H, K, dtype=f32), v.new_empty(B, H, V, dtype=f32))
+
+
+@torch.library.custom_op(op_name("lin_gdn_prep_bwd"), mutates_args=())
+def lin_gdn_prep_bwd(
+    d_key: Tensor | None, d_value: Tensor | None, d_v_bar: Tensor | None, d_k_sum: Tensor | None,
+    d_v_sum: Tensor | None, count: int, k_shape: list[int], k_dtype: torch.dtype, v_shape: list[int],
+    v_dtype: torch.dtype, device: torch.device, has_k_sum0: bool, has_v_sum0: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """LinGDNPrepFunction's backward as a custom op: from the cotangents of the five outputs
+    (each may be None) to (dk, dv, dk_sum0, dv_sum0), the last two fp32 or placeholders
+    where the forward had no initial sums. k_shape, k_dtype, v_shape, v_dtype, device: the
+    forward's k and v."""
+    ctx = FunctionContext(count=count, has_s0=(has_k_sum0, has_v_sum0),
+                          k_meta=(tuple(k_shape), k_dtype, device), v_meta=(tuple(v_shape), v_dtype, device))
+    dk, dv, dk_sum0, dv_sum0, _ = LinGDNPrepFunction.backward(ctx, d_key, d_value, d_v_bar, d_k_sum, d_v_sum)
+    return dk, dv, or_placeholder(dk_sum0, device), or_placeholder(dv_sum0, device)
+
+
+@lin_gdn_prep_bwd.register_fake
+def _lin_gdn_prep_bwd_fake(d_key, d_value, d_v_bar, d_k_sum, d_v_sum, count, k_shape, k_dtype, v_shape, v_dtype,
+                           device, has_k_sum0, has_v_sum0):
+    B, _, H, K = k_shape
+    V = v_shape[-1]
+    f32 = torch.float32
+    dk_sum0 = torch.empty(B, H, K, dtype=f32, device=device) if has_k_sum0 else placeholder(device)
+    dv_sum0 = torch.empty(B, H, V, dtype=f32, device=device) if has_v_sum0 else placeholder(device)
+    return (torch.empty(k_shape, dtype=k_dtype, device=device), torch.empty(v_shape, dtype=v_dtype, device=device),
+            dk_sum0, dv_sum0)
+
+
+def _lin_gdn_prep_setup(ctx, inputs, output):
+    k, v, k_sum0, v_sum0, count = inputs
+    ctx.count, ctx.has_s0 = count, (k_sum0 is not None, v_sum0 is not None)
+    ctx.k_meta = (list(k.shape), k.dtype, k.device)
+    ctx.v_meta = (list(v.shape), v.dtype)
+    ctx.set_materialize_grads(False)  # unused outputs stay None: no zero tensors to scan
+
+
+def _lin_gdn_prep_backward(ctx, d_key, d_value, d_v_bar, d_k_sum, d_v_sum):
+    (k_shape, k_dtype, device), (v_shape, v_dtype) = ctx.k_meta, ctx.v_meta
+    dk, dv, dk_sum0, dv_sum0 = lin_gdn_prep_bwd(d_key, d_value, d_v_bar, d_k_sum, d_v_sum, ctx.count, k_shape,
+                                                k_dtype, v_shape, v_dtype, device, *ctx.has_s0)
+    return dk, dv, present(dk_sum0, ctx.has_s0[0]), present(dv_sum0, ctx.has_s0[1]), None
+
+
+lin_gdn_prep_fwd.register_autograd(_lin_gdn_prep_backward, setup_context=_lin_gdn_prep_setup)
 
 
 def linearized_softmax_gdn_triton(
@@ -52,10 +124,10 @@ def linearized_softmax_gdn_triton(
     if out_dtype == torch.float64:
         key, value, v_bar, k_sum, v_sum = running_mean_torch(k, v, k_sum0, v_sum0, count, acc, dt)
     else:
-        key, value, v_bar, k_sum, v_sum = LinGDNPrepFunction.apply(
+        key, value, v_bar, k_sum, v_sum = lin_gdn_prep_fwd(
             k.contiguous(), v.contiguous(),
             k_sum0.float().contiguous() if started else None,
-            v_sum0.float().contiguous() if started else None, PrepOptions(count=count))
+            v_sum0.float().contiguous() if started else None, count)
 
     # gates depend on the position only: [T] vectors in fp64, broadcast over batch and heads
     pos = torch.arange(count + 1, count + T + 1, device=dev, dtype=torch.float64)
@@ -66,9 +138,8 @@ def linearized_softmax_gdn_triton(
     beta = beta[None, :, None].expand(B, T, H).contiguous()
 
     h0 = initial_state.h if started else None
-    opts = DeltaOptions(scale=float(scale), output_final_state=bool(output_final_state))
-    o, ht = ChunkDeltaRuleFunction.apply(q.to(dt).contiguous(), key.contiguous(), value.contiguous(),
-                                         gate, beta, h0, opts)
+    o, ht = delta_rule_apply(q.to(dt).contiguous(), key.contiguous(), value.contiguous(), gate, beta, h0,
+                             scale, output_final_state)
     # o_t + vbar_t in fp32 (fp64 for fp64 inputs) and rounded once. In place: v_bar is a fresh
     # tensor nobody saved for backward, so this spares an fp32 [B, T, H, V] temporary
     o = v_bar.add_(o).to(out_dtype)

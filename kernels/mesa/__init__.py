@@ -18,7 +18,7 @@ from kernels.common.checks import (
     check_step_gate,
     check_step_qkv,
     default_scale,
-    graph_capturing,
+    reads_values,
 )
 from kernels.common.chunking import check_chunk_size
 from kernels.common.dispatch import resolve_backend
@@ -44,6 +44,7 @@ def mesa(
     chunk_size: int = 64,
     cg_steps: int = 30,
     cg_tol: float | None = None,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, MesaState | None]:
     """MesaNet over a sequence.
 
@@ -54,12 +55,19 @@ def mesa(
     >= 0) and cg_tol (stop once every relative residual is below it) apply to the CG
     backends. Returns o [B, T, H, V] in q's dtype and the final MesaState (fp32; fp64 for
     fp64 inputs) when output_final_state, else None.
+
+    check_values: check g <= 0, beta in (0, 1] and lamb finite and > 0 on the host, a device
+    sync and, under torch.compile (where they are skipped, as under CUDA-graph capture), a
+    graph break. Pass False where the caller guarantees the values, e.g. gates from
+    parametrisations valid by construction. Shapes, dtypes and devices are always checked.
+    With cg_tol the torch backend's CG stops on a device read, so under torch.compile that
+    call runs eagerly (a graph break); leave cg_tol None for a whole graph.
     """
     op = "mesa"
     B, T, H, K, V = check_qkv(op, q, k, v)
-    check_gate(op, g, B, T, H, K, allow_vector=False, device=q.device)
-    check_beta(op, beta, B, T, H, device=q.device)
-    _check_lamb(op, "lamb", lamb, H, K)
+    check_gate(op, g, B, T, H, K, allow_vector=False, device=q.device, check_values=check_values)
+    check_beta(op, beta, B, T, H, device=q.device, check_values=check_values)
+    _check_lamb(op, "lamb", lamb, H, K, check_values=check_values)
     initial_state = _check_mesa_state(op, "initial_state", initial_state, B, H, K, V)
     scale = default_scale(op, scale, K)
     _check_options(op, chunk_size, cg_steps, cg_tol)
@@ -73,7 +81,12 @@ def mesa(
             q, k, v, g, beta, lamb, scale, initial_state=initial_state, output_final_state=output_final_state
         )
     if backend == "torch":
-        return mesa_chunked(
+        chunked = mesa_chunked
+        if cg_tol is not None and torch.compiler.is_compiling():
+            # CG with a tolerance stops on a device read (cg.py), which dynamo cannot trace:
+            # this call runs eagerly, one graph break
+            chunked = torch.compiler.disable(mesa_chunked)
+        return chunked(
             q, k, v, g, beta, lamb, scale, initial_state=initial_state, output_final_state=output_final_state,
             chunk_size=chunk_size, cg_steps=cg_steps, cg_tol=cg_tol,
         )
@@ -115,11 +128,12 @@ def mesa_step(
     return mesa_step_compute(q_t, k_t, v_t, g_t, beta_t, lamb, state, scale, cg_steps)
 
 
-def _check_lamb(op: str, name: str, lamb: torch.Tensor, H: int, K: int) -> None:
+def _check_lamb(op: str, name: str, lamb: torch.Tensor, H: int, K: int, check_values: bool = True) -> None:
+    """lamb: a floating [H, K] tensor and, when reads_values allows, finite and > 0."""
     if not isinstance(lamb, torch.Tensor) or tuple(lamb.shape) != (H, K) or lamb.dtype not in FLOAT_DTYPES:
         got = f"shape {list(lamb.shape)}, {lamb.dtype}" if isinstance(lamb, torch.Tensor) else type(lamb).__name__
         raise ValueError(f"{op}: {name} must be a floating tensor of shape [H, K] = [{H}, {K}], got {got}")
-    if graph_capturing(lamb):
+    if not reads_values(lamb, check_values):
         return
     with torch.no_grad():
         lo, hi = lamb.min().item(), lamb.max().item()

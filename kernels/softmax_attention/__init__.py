@@ -27,6 +27,7 @@ def softmax_attention(
     initial_state: KVCache | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, KVCache | None]:
     """Causal softmax attention.
 
@@ -35,6 +36,9 @@ def softmax_attention(
     new query attends to in full, or None. backend: "auto" | "reference" | "torch" |
     "flash_attn". Returns o: [B, T, H, V] in q's dtype and, if output_final_state, the
     KVCache of all S + T tokens (in the dtype of k, v), else None.
+
+    check_values: accepted so that every op takes it; this op has no values to check (its
+    shape, dtype and device checks read no data).
     """
     B, T, H, K, V = check_qkv(OP, q, k, v)
     check_kv_cache(OP, "initial_state", initial_state, B, H, K, V)
