@@ -112,14 +112,16 @@ def test_gated_linear_attention_vector_gate_blocks_unlike(compare):
 
 def test_gated_linear_attention_vector_gate_reference_rows_per_block(compare):
     """Each K-block on its own path with its own reference rows: the first block's channels
-    forget 100 nats at every chunk's first row (then barely decay: the whole-chunk path), the
-    second's barely decay (whole-chunk path too), the third's lose 6.5 nats a token (104 a
-    chunk: the exact path). A block that took another block's first row as its reference, or
-    chose its path by another block's first row, would scale by e^100 and overflow. The
-    chunks' gates sum to about -100 nats: TRITON_DECAY_TOL."""
+    barely decay (the whole-chunk path); the second's forget 55 nats at every chunk's first row
+    (80 log2-units, the kernels' per-token gate floor) and 2.5 nats a token after it, 54
+    log2-units a chunk (the whole-chunk path too); the third's lose 6.5 nats a token (104 a
+    chunk: the exact path). A block that took the first block's first row as its reference
+    would scale its keys by 2^134 and overflow fp32; one that chose its path by that row would
+    take the sub-chunk path. The chunks' gates sum to about -100 nats: TRITON_DECAY_TOL."""
     tensors, h0 = test_gla_triton.make_inputs(B, T, H, K, V, torch.float32, True, seed=7)
     g = torch.full((B, T, H, K), -0.01)
-    g[:, ::CHUNK, :, :16] = -100.0
+    g[..., 16:32] = -2.5
+    g[:, ::CHUNK, :, 16:32] = -55.0
     g[..., 32:] = -6.5
     tensors["g"] = g
     with record_paths() as census:
