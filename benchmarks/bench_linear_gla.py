@@ -134,10 +134,10 @@ def pipeline_kernels(op: str, T: int) -> dict:
     once; intermediate inputs computed with the current LAUNCH settings)."""
     from kernels.common.triton.cumsum import chunk_local_cumsum
     from kernels.common.triton.fused_forward import chunk_fwd_fused
+    from kernels.common.triton.gates import LOG2E
     from kernels.common.triton.grad_qk import chunk_bwd_dqk
     from kernels.common.triton.output import chunk_bwd_dv, chunk_fwd_output
     from kernels.common.triton.states import chunk_bwd_states, chunk_fwd_states
-    from kernels.common.triton.utils import LOG2E
     from kernels.gated_linear_attention.triton_function import gate_mode
     from kernels.gated_linear_attention.triton_vector import gla_bwd_dqkg, gla_intra_A
 

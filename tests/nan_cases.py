@@ -25,7 +25,7 @@ they form decays as exp2(gamma_i - gamma_j) of fp32 chunk-local cumulative log-g
 - under strong gates gamma reaches 550 and the gate gradient, a sum of such terms that
   cancel down to a far smaller rest, measures up to 6.3e-5 on worst rows, 2.8e-5 whole-tensor
   (the other outputs and gradients stay under TOL: 5.8e-6 on worst rows at most);
-- a -inf gate counts as the floor GATE_FLOOR_LOG2 = -80 (kernels/common/triton/utils.py), so
+- a -inf gate counts as the floor GATE_FLOOR_LOG2 = -80 (kernels/common/triton/gates.py), so
   past it a chunk's gamma is below -80 and carries its ulp, 7.6e-6 (1.5e-5 past two):
   every quantity measures up to 2.9e-5 on worst rows and 9.0e-6 whole-tensor (the final
   state of gla_scalar), too close to TOL to hold it there.

@@ -2,20 +2,21 @@
 
 Chunk n (docs/design.md §10), q' = scale q, S = S_n entering, dS' = dS_{n+1} leaving, U and dU
 from the forward / state_bwd:
-    O  = diag(e^gamma) Q' S + P U,   P = Q' K^T ⊙ Gamma (lower, diagonal included)
-    S' = e^{gamma_C} S + Kd^T U,      Kd = K ⊙ e^{gamma_C - gamma}
+    O  = diag(2^gamma) Q' S + P U,   P = Q' K^T ⊙ Gamma (lower, diagonal included)
+    S' = 2^{gamma_C} S + Kd^T U,      Kd = K ⊙ 2^{gamma_C - gamma}
     U  = U0 - W S
 give, with dP = dO U^T,
-    dq' = diag(e^gamma) dO S^T + (dP ⊙ Gamma) K
-    dk  = (dP ⊙ Gamma)^T Q' + diag(e^{gamma_C - gamma}) U dS'^T      (+ the WY part, later)
+    dq' = diag(2^gamma) dO S^T + (dP ⊙ Gamma) K
+    dk  = (dP ⊙ Gamma)^T Q' + diag(2^{gamma_C - gamma}) U dS'^T      (+ the WY part, later)
     dW  = -dU S^T
-and the gradient of the cumulative gate gamma_i (its reverse cumsum is dg, in wy_bwd):
-    q'_i . dq'_i - k_i . dk_i   (+ e^{gamma_C} <S, dS'> + sum_j Kd_j-terms on the last row).
+with gamma in log2 units (kernels/common/triton/gates.py), and the gradient of the
+cumulative gate in natural-log units, gamma_i / LOG2E (its reverse cumsum is dg, in wy_bwd):
+    q'_i . dq'_i - k_i . dk_i   (+ 2^{gamma_C} <S, dS'> + sum_j Kd_j-terms on the last row).
 (dP ⊙ Gamma)^T is computed as (U dO^T ⊙ Gamma^T), from loaded tiles, rather than by
 transposing a product (kernels/common/triton/solve.py says why).
 
 grid (K-blocks, chunks, heads); each program loops twice over the V-blocks (dP first, then
-the state products), so only three [64, BK] accumulators are live at once. Outputs: dq (final,
+the state products), so only three [BT, BK] accumulators are live at once. Outputs: dq (final,
 q's dtype), dk_part (fp32, completed by wy_bwd), dW (input dtype), dgam_part
 [NK, B, T, H] fp32 (one partial per K-block, summed by wy_bwd).
 """
@@ -26,67 +27,60 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.utils import new_buffer, warps
-from kernels.gated_delta_rule.triton_tiles import (
-    anticausal_decay,
-    causal_decay,
-    load_gamma,
-    load_tile,
-    load_tile_t,
-    store_tile,
-    store_vec,
-)
-from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, pow2
+from kernels.common.triton.gates import anticausal_decay, causal_decay
+from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile, store_vec
+from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING
 
 
 @triton.jit(do_not_specialize=["T", "NT", "BTH"])
 def dqkw_kernel(
     q, k, u, h, dh, do, du, gam, dq, dk, dw, dgam, scale, T, NT, BTH, H,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, PREC: tl.constexpr,
 ):
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
-    t0, k0 = i_t * 64, i_k * BK
+    t0, k0 = i_t * BT, i_k * BK
     dt = k.dtype.element_ty
     p_h = h + (i_bh * NT + i_t).to(tl.int64) * K * V
     p_dh = dh + (i_bh * NT + i_t).to(tl.int64) * K * V
-    b_g = tl.zeros([64], dtype=tl.float32)
+    b_g = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
-        last = tl.minimum(t0 + 64, T) - 1
+        last = tl.minimum(t0 + BT, T) - 1
         b_glast = tl.load(gam + seq + last * H)
-        b_g = load_gamma(gam + seq, t0, T, H, 64)
+        b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
     # pass 1 over V: dP = dO U^T and its transpose, each from loaded tiles
-    b_dp = tl.zeros([64, 64], dtype=tl.float32)
-    b_dpt = tl.zeros([64, 64], dtype=tl.float32)
+    b_dp = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dpt = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         v0 = i_v * BV
-        b_do = load_tile(do + seq * V, t0, T, H * V, v0, V, 64, BV)
-        b_u = load_tile(u + seq * V, t0, T, H * V, v0, V, 64, BV)
-        b_dot = load_tile_t(do + seq * V, t0, T, H * V, v0, V, BV, 64)
-        b_ut = load_tile_t(u + seq * V, t0, T, H * V, v0, V, BV, 64)
+        b_do = load_tile(do + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_dot = load_tile_t(do + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_ut = load_tile_t(u + seq * V, t0, v0, T, V, H * V, BT, BV)
         b_dp += tl.dot(b_do, b_ut, input_precision=PREC)
         b_dpt += tl.dot(b_u, b_dot, input_precision=PREC)
-    b_q = load_tile(q + seq * K, t0, T, H * K, k0, K, 64, BK)
-    b_k = load_tile(k + seq * K, t0, T, H * K, k0, K, 64, BK)
+    b_q = load_tile(q + seq * K, t0, k0, T, K, H * K, BT, BK)
+    b_k = load_tile(k + seq * K, t0, k0, T, K, H * K, BT, BK)
     # intra-chunk parts; b_dq is the gradient with respect to q' = scale q
     b_dq = tl.dot(causal_decay(b_dp, b_g, b_g, True, USE_G).to(dt), b_k, input_precision=PREC)
     b_dk = tl.dot(anticausal_decay(b_dpt, b_g, b_g, True, USE_G).to(dt), b_q, input_precision=PREC) * scale
     # pass 2 over V: the state parts, gate factors folded into the rows of dO and U
-    b_dw = tl.zeros([64, BK], dtype=tl.float32)
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
-    b_kdks = tl.zeros([64], dtype=tl.float32)
+    b_kdks = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         v0 = i_v * BV
-        b_do = load_tile(do + seq * V, t0, T, H * V, v0, V, 64, BV)
-        b_u = load_tile(u + seq * V, t0, T, H * V, v0, V, 64, BV)
-        b_du = load_tile(du + seq * V, t0, T, H * V, v0, V, 64, BV)
-        b_ht = load_tile_t(p_h, k0, K, V, v0, V, BV, BK)
-        b_dht = load_tile_t(p_dh, k0, K, V, v0, V, BV, BK)
+        b_do = load_tile(do + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_du = load_tile(du + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_ht = load_tile_t(p_h, k0, v0, K, V, V, BK, BV)
+        b_dht = load_tile_t(p_dh, k0, v0, K, V, V, BK, BV)
         if USE_G:
-            b_do = (b_do * tl.exp(b_g)[:, None]).to(dt)
-            b_u = (b_u * tl.exp(b_glast - b_g)[:, None]).to(dt)
+            b_do = (b_do * tl.exp2(b_g)[:, None]).to(dt)
+            b_u = (b_u * tl.exp2(b_glast - b_g)[:, None]).to(dt)
         b_dq += tl.dot(b_do, b_ht, input_precision=PREC)
         b_dks = tl.dot(b_u, b_dht, input_precision=PREC)
         b_dk += b_dks
@@ -98,26 +92,28 @@ def dqkw_kernel(
         # d gamma_i = q'_i . dq'_i - k_i . dk_i (both intra-chunk and state parts), plus the
         # terms of gamma_C, which belong to the chunk's last real row
         b_dgam = tl.sum(b_q.to(tl.float32) * b_dq, axis=1) * scale - tl.sum(b_k.to(tl.float32) * b_dk, axis=1)
-        b_end = tl.exp(b_glast) * tl.sum(b_hdh, axis=0) + tl.sum(b_kdks, axis=0)
-        b_dgam += tl.where(t0 + tl.arange(0, 64) == last, b_end, 0.0)
-        store_vec(dgam + i_k.to(tl.int64) * BTH + seq, b_dgam, t0, T, H, 64)
-    store_tile(dq + seq * K, b_dq * scale, t0, T, H * K, k0, K, 64, BK)
-    store_tile(dk + seq * K, b_dk, t0, T, H * K, k0, K, 64, BK)
-    store_tile(dw + seq * K, -b_dw, t0, T, H * K, k0, K, 64, BK)
+        b_end = tl.exp2(b_glast) * tl.sum(b_hdh, axis=0) + tl.sum(b_kdks, axis=0)
+        b_dgam += tl.where(t0 + tl.arange(0, BT) == last, b_end, 0.0)
+        store_vec(dgam + i_k.to(tl.int64) * BTH + seq, b_dgam, t0, T, H, BT)
+    store_tile(dq + seq * K, b_dq * scale, t0, k0, T, K, H * K, BT, BK)
+    store_tile(dk + seq * K, b_dk, t0, k0, T, K, H * K, BT, BK)
+    store_tile(dw + seq * K, -b_dw, t0, k0, T, K, H * K, BT, BK)
 
 
 def dqkw(
     q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, h: torch.Tensor, dh: torch.Tensor,
-    do: torch.Tensor, du: torch.Tensor, gam: torch.Tensor | None, scale: float,
+    do: torch.Tensor, du: torch.Tensor, gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Returns (dq [B, T, H, K] q.dtype, dk_part fp32, dW k.dtype, dgam_part [NK, B, T, H]
+    """q, k: [B, T, H, K]; u, do, du: [B, T, H, V]; h, dh: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None.
+    Returns (dq [B, T, H, K] q.dtype, dk_part fp32, dW k.dtype, dgam_part [NK, B, T, H]
     fp32 or None)."""
     B, T, H, K = q.shape
     V = u.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
+    BT = chunk_size
+    NT = triton.cdiv(T, BT)
     dev = q.device
     cfg = TUNING["dqkw"]
-    BK = pow2(K, cfg["BK"])
+    BK = block_size(K, cfg["BK"])
     NK = triton.cdiv(K, BK)
     dq = new_buffer((B, T, H, K), q.dtype, dev)
     dk = new_buffer((B, T, H, K), torch.float32, dev)
@@ -126,7 +122,7 @@ def dqkw(
     dqkw_kernel[(NK, NT, B * H)](
         q, k, u, h, dh, do, du, gam if gam is not None else q, dq, dk, dw,
         dgam if dgam is not None else q, scale, T, NT, B * T * H,
-        H=H, K=K, V=V, BK=BK, BV=pow2(V, cfg["BV"]), USE_G=gam is not None,
-        PREC=dot_prec(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg["BV"]), USE_G=gam is not None,
+        PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
     return dq, dk, dw, dgam

@@ -1,18 +1,18 @@
-"""Forward state passing and output of the (gated) delta rule (docs/design.md §10), chunk C = 64.
+"""Forward state passing and output of the (gated) delta rule (docs/design.md §10), chunks of BT tokens.
 
   state_fwd   grid (V-blocks, heads); each program walks its head's chunks in order with
               its [K, BV] block of the state S in fp32 registers:
-                  store S_n;  U = U0 - W S_n (stored);  S_{n+1} = e^{gamma_C} S_n + Kd^T U
-              with Kd = K ⊙ e^{gamma_C - gamma}.
+                  store S_n;  U = U0 - W S_n (stored);  S_{n+1} = 2^{gamma_C} S_n + Kd^T U
+              with Kd = K ⊙ 2^{gamma_C - gamma}.
   output_fwd  grid (V-blocks, chunks, heads), in parallel:
-                  O = diag(e^gamma) Q S_n + (Q K^T ⊙ Gamma) U,  Gamma lower, diagonal included.
+                  O = diag(2^gamma) Q S_n + (Q K^T ⊙ Gamma) U,  Gamma lower, diagonal included.
   state_fwd with the output fused (TUNING["fused_fwd"]): the state pass also writes O for
               each chunk as it goes, from S_n and U rounded to the stored dtype exactly as
               output_fwd reads them back (same results), saving output_fwd's reads of h, q,
               k and U at the price of fewer programs: for many sequences of heads.
 
 Layouts: q, k, w: [B, T, H, K]; u0, u, o: [B, T, H, V]; gamma: [B, T, H] fp32 (chunk-local
-cumulative log-gate, from wy_fwd); per-chunk states h: [B, H, NT, K, V] in the input dtype;
+cumulative log2-gate, from wy_fwd); per-chunk states h: [B, H, NT, K, V] in the input dtype;
 h0, ht: [B, H, K, V] fp32. q carries no scale: the kernels multiply by `scale`.
 """
 
@@ -22,15 +22,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.utils import new_buffer, warps
-from kernels.gated_delta_rule.triton_tiles import causal_decay, load_gamma, load_tile, load_tile_t, store_tile
-from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, full_width, pow2, seq_block_v
+from kernels.common.triton.gates import causal_decay
+from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
+from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
+from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def state_fwd_kernel(
     k, w, u0, u, gam, h, h0, ht, q, o, scale, T, NT, H,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
     FUSE_OUTPUT: tl.constexpr,
 ):
@@ -41,64 +42,64 @@ def state_fwd_kernel(
     dt = k.dtype.element_ty
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        b_s += load_tile(h0 + i_bh.to(tl.int64) * K * V, 0, K, V, v0, V, BK, BV)
+        b_s += load_tile(h0 + i_bh.to(tl.int64) * K * V, 0, v0, K, V, V, BK, BV)
     for i_t in range(NT):
-        t0 = i_t * 64
-        store_tile(h + (i_bh * NT + i_t).to(tl.int64) * K * V, b_s, 0, K, V, v0, V, BK, BV)
-        b_w = load_tile(w + seq * K, t0, T, H * K, 0, K, 64, BK)
-        b_u = load_tile(u0 + seq * V, t0, T, H * V, v0, V, 64, BV).to(tl.float32)
+        t0 = i_t * BT
+        store_tile(h + (i_bh * NT + i_t).to(tl.int64) * K * V, b_s, 0, v0, K, V, V, BK, BV)
+        b_w = load_tile(w + seq * K, t0, 0, T, K, H * K, BT, BK)
+        b_u = load_tile(u0 + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
         b_u -= tl.dot(b_w, b_s.to(dt), input_precision=PREC)
-        store_tile(u + seq * V, b_u, t0, T, H * V, v0, V, 64, BV)
-        b_kt = load_tile_t(k + seq * K, t0, T, H * K, 0, K, BK, 64)
-        b_g = tl.zeros([64], dtype=tl.float32)
+        store_tile(u + seq * V, b_u, t0, v0, T, V, H * V, BT, BV)
+        b_kt = load_tile_t(k + seq * K, t0, 0, T, K, H * K, BT, BK)
+        b_g = tl.zeros([BT], dtype=tl.float32)
         if USE_G:
-            b_g = load_gamma(gam + seq, t0, T, H, 64)
+            b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
         if FUSE_OUTPUT:  # output_fwd's arithmetic on the values it would read back
-            b_q = load_tile(q + seq * K, t0, T, H * K, 0, K, 64, BK)
+            b_q = load_tile(q + seq * K, t0, 0, T, K, H * K, BT, BK)
             b_o = tl.dot(b_q, b_s.to(h.dtype.element_ty).to(dt), input_precision=PREC)
             if USE_G:
-                b_o *= tl.exp(b_g)[:, None]
+                b_o *= tl.exp2(b_g)[:, None]
             b_a = causal_decay(tl.dot(b_q, b_kt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
             b_o = b_o * scale + tl.dot(b_a.to(dt), b_u.to(u.dtype.element_ty).to(dt), input_precision=PREC)
-            store_tile(o + seq * V, b_o, t0, T, H * V, v0, V, 64, BV)
+            store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
         if USE_G:
-            last = tl.minimum(t0 + 64, T) - 1
+            last = tl.minimum(t0 + BT, T) - 1
             b_glast = tl.load(gam + seq + last * H)
-            b_s *= tl.exp(b_glast)
+            b_s *= tl.exp2(b_glast)
             # padded rows have U = 0, so their (finite) factor is irrelevant
-            b_u *= tl.exp(b_glast - b_g)[:, None]
+            b_u *= tl.exp2(b_glast - b_g)[:, None]
         b_s += tl.dot(b_kt, b_u.to(dt), input_precision=PREC)
     if STORE_HT:
-        store_tile(ht + i_bh.to(tl.int64) * K * V, b_s, 0, K, V, v0, V, BK, BV)
+        store_tile(ht + i_bh.to(tl.int64) * K * V, b_s, 0, v0, K, V, V, BK, BV)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def output_fwd_kernel(
     q, k, u, h, gam, o, scale, T, NT, H,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, PREC: tl.constexpr,
 ):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
-    t0, v0 = i_t * 64, i_v * BV
+    t0, v0 = i_t * BT, i_v * BV
     p_h = h + (i_bh * NT + i_t).to(tl.int64) * K * V
-    b_o = tl.zeros([64, BV], dtype=tl.float32)
-    b_a = tl.zeros([64, 64], dtype=tl.float32)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_a = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_q = load_tile(q + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
-        b_kt = load_tile_t(k + seq * K, t0, T, H * K, i_k * BK, K, BK, 64)
-        b_h = load_tile(p_h, i_k * BK, K, V, v0, V, BK, BV)
+        b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_kt = load_tile_t(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_h = load_tile(p_h, i_k * BK, v0, K, V, V, BK, BV)
         b_o += tl.dot(b_q, b_h, input_precision=PREC)
         b_a += tl.dot(b_q, b_kt, input_precision=PREC)
-    b_g = tl.zeros([64], dtype=tl.float32)
+    b_g = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
-        b_g = load_gamma(gam + seq, t0, T, H, 64)
-        b_o *= tl.exp(b_g)[:, None]
+        b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
+        b_o *= tl.exp2(b_g)[:, None]
     b_a = causal_decay(b_a * scale, b_g, b_g, True, USE_G)
-    b_u = load_tile(u + seq * V, t0, T, H * V, v0, V, 64, BV)
+    b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
-    store_tile(o + seq * V, b_o, t0, T, H * V, v0, V, 64, BV)
+    store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
 def fused_output_applies(n_heads: int) -> bool:
@@ -110,7 +111,7 @@ def fused_output_applies(n_heads: int) -> bool:
 def state_fwd(
     k: torch.Tensor, w: torch.Tensor, u0: torch.Tensor, gam: torch.Tensor | None,
     h0: torch.Tensor | None, output_final_state: bool,
-    q: torch.Tensor | None = None, scale: float = 1.0,
+    q: torch.Tensor | None = None, scale: float = 1.0, chunk_size: int = CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Returns (h [B, H, NT, K, V] states entering each chunk, U [B, T, H, V], final state
     [B, H, K, V] fp32 or None, O [B, T, H, V] or None). h0: [B, H, K, V] fp32 contiguous or
@@ -118,19 +119,20 @@ def state_fwd(
     computed in the same pass."""
     B, T, H, K = k.shape
     V = u0.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
+    NT = triton.cdiv(T, chunk_size)
     dev, dt = k.device, k.dtype
     h = new_buffer((B, H, NT, K, V), dt, dev)
     u = new_buffer((B, T, H, V), dt, dev)
     ht = new_buffer((B, H, K, V), torch.float32, dev) if output_final_state else None
     o = new_buffer((B, T, H, V), dt, dev) if q is not None else None
     cfg = TUNING["fused_fwd" if q is not None else "state_fwd"]
-    BV = seq_block_v(V, B * H, dev, cfg["BV"])
+    seq = TUNING["seq"]
+    BV = sequential_block_v(V, cfg["BV"], seq["min_BV"], seq["min_waves"], B * H, dev)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u, gam if gam is not None else k, h, h0 if h0 is not None else k,
         ht if ht is not None else k, q if q is not None else k, o if o is not None else u, scale, T, NT,
-        H=H, K=K, V=V, BK=full_width(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
-        STORE_HT=output_final_state, PREC=dot_prec(dt), FUSE_OUTPUT=q is not None,
+        H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
+        STORE_HT=output_final_state, PREC=dot_precision(dt), FUSE_OUTPUT=q is not None,
         num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
     return h, u, ht, o
@@ -138,18 +140,19 @@ def state_fwd(
 
 def output_fwd(
     q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, h: torch.Tensor,
-    gam: torch.Tensor | None, scale: float,
+    gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK,
 ) -> torch.Tensor:
-    """O = diag(e^gamma) (scale Q) S_n + (scale Q K^T ⊙ Gamma) U per chunk: [B, T, H, V]."""
+    """O = diag(2^gamma) (scale Q) S_n + (scale Q K^T ⊙ Gamma) U per chunk: [B, T, H, V].
+    q, k: [B, T, H, K]; u: [B, T, H, V]; h: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None."""
     B, T, H, K = q.shape
     V = u.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
+    NT = triton.cdiv(T, chunk_size)
     o = new_buffer((B, T, H, V), q.dtype, q.device)
     cfg = TUNING["output_fwd"]
-    BV = pow2(V, cfg["BV"])
+    BV = block_size(V, cfg["BV"])
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, o, scale, T, NT,
-        H=H, K=K, V=V, BK=pow2(K, cfg["BK"]), BV=BV, USE_G=gam is not None,
-        PREC=dot_prec(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg["BK"]), BV=BV, USE_G=gam is not None,
+        PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
     return o

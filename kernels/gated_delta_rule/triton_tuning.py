@@ -15,10 +15,7 @@ Triton 3.4 to 3.7), and no kernel feeds tl.trans of a dot result into another do
 
 from __future__ import annotations
 
-import torch
-import triton
-
-CHUNK = 64  # tokens per chunk: the solve in kernels/common/triton/solve.py is written for 64
+CHUNK = 64  # tokens per chunk: the WY solve (kernels/common/triton/solve.py) is written for 64
 
 TUNING: dict[str, dict[str, int]] = {
     # tf32_solve: 1 = the chunk inverse for 16-bit inputs on tensor cores (tf32), 0 = true fp32.
@@ -39,39 +36,3 @@ TUNING: dict[str, dict[str, int]] = {
     # would fill fewer than min_waves waves of the GPU's multiprocessors
     "seq": {"min_BV": 32, "min_waves": 2},
 }
-
-
-def pow2(dim: int, cap: int) -> int:
-    """Tile width for a dimension: next power of two, at least 16 (tl.dot), at most cap."""
-    return max(16, min(cap, triton.next_power_of_2(dim)))
-
-
-def full_width(dim: int) -> int:
-    """A tile covering the whole dimension (the sequential kernels keep the full K in registers)."""
-    return max(16, triton.next_power_of_2(dim))
-
-
-def dot_prec(dtype: torch.dtype) -> str:
-    """fp32 inputs get true fp32 products (tf32 would miss fp32's 1e-4 tolerance); for 16-bit
-    operands the setting is moot."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def solve_prec(dtype: torch.dtype) -> str:
-    """Dot precision of the chunk inverse (I + A)^{-1}: true fp32 unless the inputs are 16-bit
-    and TUNING["wy_fwd"]["tf32_solve"] is set (the inverse is then rounded to 16 bits anyway)."""
-    if dtype != torch.float32 and TUNING["wy_fwd"].get("tf32_solve"):
-        return "tf32"
-    return "ieee"
-
-
-def seq_block_v(V: int, n_heads: int, device: torch.device, cap: int) -> int:
-    """V-block of a sequential kernel: `cap`, halved while B*H*ceil(V/BV) programs would
-    fill fewer than TUNING["seq"]["min_waves"] waves of the GPU (more, shorter programs)."""
-    bv = pow2(V, cap)
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        seq = TUNING["seq"]
-        while bv > max(16, seq["min_BV"]) and n_heads * triton.cdiv(V, bv) < seq["min_waves"] * sms:
-            bv //= 2
-    return bv

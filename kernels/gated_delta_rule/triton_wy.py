@@ -1,14 +1,16 @@
-"""Per-chunk WY/UT preparation of the (gated) delta rule, forward (docs/design.md §10), chunk C = 64.
+"""Per-chunk WY/UT preparation of the (gated) delta rule, forward (docs/design.md §10), chunk BT = 64.
 
 For each chunk, in parallel (grid: chunks x heads):
-    gamma = cumsum(g) within the chunk (stored, fp32; the other kernels read it), each g
-            first raised to GATE_FLOOR (2^-80 in one token: g = -inf, a full reset, stays
-            a finite sum, and exp(gamma_i - gamma_j) never meets -inf - (-inf))
-    A     = strictly lower part of diag(beta) (K K^T ⊙ Gamma),  Gamma_ij = e^{gamma_i - gamma_j}
+    gamma = cumsum(LOG2E g) within the chunk (log2 units; stored, fp32; the other kernels
+            read it), each term first raised to the gate floor (kernels/common/triton/gates.py:
+            g = -inf, a full reset, stays a finite sum, and exp2(gamma_i - gamma_j) never
+            meets -inf - (-inf))
+    A     = strictly lower part of diag(beta) (K K^T ⊙ Gamma),  Gamma_ij = 2^{gamma_i - gamma_j}
     Tm    = (I + A)^{-1}                       (kernels/common/triton/solve.py)
-    W     = Tm diag(beta e^gamma) K,   U0 = Tm diag(beta) V
+    W     = Tm diag(beta 2^gamma) K,   U0 = Tm diag(beta) V
 
-The chunk is handled as four 16-row sub-blocks: A and Tm live in registers as ten 16 x 16
+The chunk length BT is a constexpr, but this kernel's solve is written for BT = 64 (a
+static assertion says so): the chunk is handled as four 16-row sub-blocks: A and Tm live in registers as ten 16 x 16
 blocks, so no 64 x 64 tile is ever sliced or sent through memory before W and U0 are made.
 Tm, W and U0 are stored in the input dtype (the dtype of the products that read them).
 USE_G=False is the ungated delta rule (g is not read, gamma not written).
@@ -20,37 +22,44 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton.gates import causal_decay, log2_gates
 from kernels.common.triton.solve import unit_lower_inverse_64
-from kernels.common.triton.utils import GATE_FLOOR_LOG2, LOG2E, new_buffer, warps
-from kernels.gated_delta_rule.triton_tiles import causal_decay, load_tile, load_vec, store_tile, store_vec
-from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, pow2, solve_prec
+from kernels.common.triton.tiles import load_tile, load_vec, store_tile, store_vec
+from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING
 
-# kernels/common/triton/utils.py's per-token floor in natural-log units (gamma here is in nats)
-GATE_FLOOR = tl.constexpr(GATE_FLOOR_LOG2 / LOG2E)
+
+def solve_precision(dtype: torch.dtype) -> str:
+    """Dot precision of the chunk inverse (I + A)^{-1}: true fp32 unless the inputs are 16-bit
+    and wy_fwd's tf32_solve is set (the inverse is then rounded to 16 bits anyway)."""
+    if dtype != torch.float32 and TUNING["wy_fwd"].get("tf32_solve"):
+        return "tf32"
+    return "ieee"
 
 
 @triton.jit
 def _kkt_block(b_kk, b_bi, b_gi, b_gj, DIAG: tl.constexpr, USE_G: tl.constexpr):
-    """A block from its k_i . k_j block: beta_i exp(gamma_i - gamma_j) (k_i . k_j), strictly
+    """A block from its k_i . k_j block: beta_i 2^(gamma_i - gamma_j) (k_i . k_j), strictly
     lower on the diagonal blocks."""
     b_a = b_kk * b_bi[:, None]
     if DIAG:
         return causal_decay(b_a, b_gi, b_gj, False, USE_G)
     if USE_G:
-        return b_a * tl.exp(b_gi[:, None] - b_gj[None, :])
+        return b_a * tl.exp2(b_gi[:, None] - b_gj[None, :])
     return b_a
 
 
 @triton.jit(do_not_specialize=["T"])
 def wy_fwd_kernel(
     k, v, beta, g, gam, tm, w, u0, T, H,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    tl.static_assert(BT == 64, "wy_fwd's blockwise solve is written for 64-token chunks")
     seq = (i_b * T * H + i_h).to(tl.int64)
-    t0 = i_t * 64
+    t0 = i_t * BT
     # per-token scalars of the four 16-row sub-blocks
     b_b0 = load_vec(beta + seq, t0, T, H, 16)
     b_b1 = load_vec(beta + seq, t0 + 16, T, H, 16)
@@ -62,10 +71,10 @@ def wy_fwd_kernel(
     b_g3 = tl.zeros([16], dtype=tl.float32)
     if USE_G:
         # zero-padded g past T keeps gamma flat there: padded rows decay nothing
-        b_r0 = tl.maximum(load_vec(g + seq, t0, T, H, 16), GATE_FLOOR)
-        b_r1 = tl.maximum(load_vec(g + seq, t0 + 16, T, H, 16), GATE_FLOOR)
-        b_r2 = tl.maximum(load_vec(g + seq, t0 + 32, T, H, 16), GATE_FLOOR)
-        b_r3 = tl.maximum(load_vec(g + seq, t0 + 48, T, H, 16), GATE_FLOOR)
+        b_r0 = log2_gates(load_vec(g + seq, t0, T, H, 16))
+        b_r1 = log2_gates(load_vec(g + seq, t0 + 16, T, H, 16))
+        b_r2 = log2_gates(load_vec(g + seq, t0 + 32, T, H, 16))
+        b_r3 = log2_gates(load_vec(g + seq, t0 + 48, T, H, 16))
         b_g0 = tl.cumsum(b_r0, axis=0)
         b_g1 = tl.cumsum(b_r1, axis=0) + tl.sum(b_r0, axis=0)
         b_g2 = tl.cumsum(b_r2, axis=0) + (tl.sum(b_r0, axis=0) + tl.sum(b_r1, axis=0))
@@ -87,10 +96,10 @@ def wy_fwd_kernel(
     a32 = tl.zeros([16, 16], dtype=tl.float32)
     a33 = tl.zeros([16, 16], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_k0 = load_tile(k + seq * K, t0, T, H * K, i_k * BK, K, 16, BK)
-        b_k1 = load_tile(k + seq * K, t0 + 16, T, H * K, i_k * BK, K, 16, BK)
-        b_k2 = load_tile(k + seq * K, t0 + 32, T, H * K, i_k * BK, K, 16, BK)
-        b_k3 = load_tile(k + seq * K, t0 + 48, T, H * K, i_k * BK, K, 16, BK)
+        b_k0 = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, 16, BK)
+        b_k1 = load_tile(k + seq * K, t0 + 16, i_k * BK, T, K, H * K, 16, BK)
+        b_k2 = load_tile(k + seq * K, t0 + 32, i_k * BK, T, K, H * K, 16, BK)
+        b_k3 = load_tile(k + seq * K, t0 + 48, i_k * BK, T, K, H * K, 16, BK)
         a00 += tl.dot(b_k0, tl.trans(b_k0), input_precision=PREC)
         a10 += tl.dot(b_k1, tl.trans(b_k0), input_precision=PREC)
         a11 += tl.dot(b_k1, tl.trans(b_k1), input_precision=PREC)
@@ -114,25 +123,25 @@ def wy_fwd_kernel(
     t00, t10, t11, t20, t21, t22, t30, t31, t32, t33 = unit_lower_inverse_64(
         a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, SOLVE_PREC)
 
-    # Tm, zero blocks above the diagonal included (the backward reads whole 64 x 64 tiles)
-    p_tm = tm + seq * 64
+    # Tm, zero blocks above the diagonal included (the backward reads whole BT x BT tiles)
+    p_tm = tm + seq * BT
     zero = tl.zeros([16, 16], dtype=tl.float32)
-    store_tile(p_tm, t00, t0, T, H * 64, 0, 64, 16, 16)
-    store_tile(p_tm, zero, t0, T, H * 64, 16, 64, 16, 16)
-    store_tile(p_tm, zero, t0, T, H * 64, 32, 64, 16, 16)
-    store_tile(p_tm, zero, t0, T, H * 64, 48, 64, 16, 16)
-    store_tile(p_tm, t10, t0 + 16, T, H * 64, 0, 64, 16, 16)
-    store_tile(p_tm, t11, t0 + 16, T, H * 64, 16, 64, 16, 16)
-    store_tile(p_tm, zero, t0 + 16, T, H * 64, 32, 64, 16, 16)
-    store_tile(p_tm, zero, t0 + 16, T, H * 64, 48, 64, 16, 16)
-    store_tile(p_tm, t20, t0 + 32, T, H * 64, 0, 64, 16, 16)
-    store_tile(p_tm, t21, t0 + 32, T, H * 64, 16, 64, 16, 16)
-    store_tile(p_tm, t22, t0 + 32, T, H * 64, 32, 64, 16, 16)
-    store_tile(p_tm, zero, t0 + 32, T, H * 64, 48, 64, 16, 16)
-    store_tile(p_tm, t30, t0 + 48, T, H * 64, 0, 64, 16, 16)
-    store_tile(p_tm, t31, t0 + 48, T, H * 64, 16, 64, 16, 16)
-    store_tile(p_tm, t32, t0 + 48, T, H * 64, 32, 64, 16, 16)
-    store_tile(p_tm, t33, t0 + 48, T, H * 64, 48, 64, 16, 16)
+    store_tile(p_tm, t00, t0, 0, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, zero, t0, 16, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, zero, t0, 32, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, zero, t0, 48, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, t10, t0 + 16, 0, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, t11, t0 + 16, 16, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, zero, t0 + 16, 32, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, zero, t0 + 16, 48, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, t20, t0 + 32, 0, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, t21, t0 + 32, 16, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, t22, t0 + 32, 32, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, zero, t0 + 32, 48, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, t30, t0 + 48, 0, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, t31, t0 + 48, 16, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, t32, t0 + 48, 32, T, BT, H * BT, 16, 16)
+    store_tile(p_tm, t33, t0 + 48, 48, T, BT, H * BT, 16, 16)
 
     # W = Tm diag(beta e^gamma) K and U0 = Tm diag(beta) V, 16 rows at a time
     dt = k.dtype.element_ty
@@ -141,19 +150,19 @@ def wy_fwd_kernel(
     c30, c31, c32, c33 = t30.to(dt), t31.to(dt), t32.to(dt), t33.to(dt)
     f0, f1, f2, f3 = b_b0, b_b1, b_b2, b_b3
     if USE_G:
-        f0, f1, f2, f3 = b_b0 * tl.exp(b_g0), b_b1 * tl.exp(b_g1), b_b2 * tl.exp(b_g2), b_b3 * tl.exp(b_g3)
+        f0, f1, f2, f3 = b_b0 * tl.exp2(b_g0), b_b1 * tl.exp2(b_g1), b_b2 * tl.exp2(b_g2), b_b3 * tl.exp2(b_g3)
     for i_k in range(tl.cdiv(K, BK)):
-        x0 = (load_tile(k + seq * K, t0, T, H * K, i_k * BK, K, 16, BK) * f0[:, None]).to(dt)
-        x1 = (load_tile(k + seq * K, t0 + 16, T, H * K, i_k * BK, K, 16, BK) * f1[:, None]).to(dt)
-        x2 = (load_tile(k + seq * K, t0 + 32, T, H * K, i_k * BK, K, 16, BK) * f2[:, None]).to(dt)
-        x3 = (load_tile(k + seq * K, t0 + 48, T, H * K, i_k * BK, K, 16, BK) * f3[:, None]).to(dt)
+        x0 = (load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, 16, BK) * f0[:, None]).to(dt)
+        x1 = (load_tile(k + seq * K, t0 + 16, i_k * BK, T, K, H * K, 16, BK) * f1[:, None]).to(dt)
+        x2 = (load_tile(k + seq * K, t0 + 32, i_k * BK, T, K, H * K, 16, BK) * f2[:, None]).to(dt)
+        x3 = (load_tile(k + seq * K, t0 + 48, i_k * BK, T, K, H * K, 16, BK) * f3[:, None]).to(dt)
         _tri_apply(w + seq * K, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32, c33,
                    t0, T, H * K, i_k * BK, K, BK, PREC)
     for i_v in range(tl.cdiv(V, BV)):
-        x0 = (load_tile(v + seq * V, t0, T, H * V, i_v * BV, V, 16, BV) * b_b0[:, None]).to(dt)
-        x1 = (load_tile(v + seq * V, t0 + 16, T, H * V, i_v * BV, V, 16, BV) * b_b1[:, None]).to(dt)
-        x2 = (load_tile(v + seq * V, t0 + 32, T, H * V, i_v * BV, V, 16, BV) * b_b2[:, None]).to(dt)
-        x3 = (load_tile(v + seq * V, t0 + 48, T, H * V, i_v * BV, V, 16, BV) * b_b3[:, None]).to(dt)
+        x0 = (load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, 16, BV) * b_b0[:, None]).to(dt)
+        x1 = (load_tile(v + seq * V, t0 + 16, i_v * BV, T, V, H * V, 16, BV) * b_b1[:, None]).to(dt)
+        x2 = (load_tile(v + seq * V, t0 + 32, i_v * BV, T, V, H * V, 16, BV) * b_b2[:, None]).to(dt)
+        x3 = (load_tile(v + seq * V, t0 + 48, i_v * BV, T, V, H * V, 16, BV) * b_b3[:, None]).to(dt)
         _tri_apply(u0 + seq * V, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32, c33,
                    t0, T, H * V, i_v * BV, V, BV, PREC)
 
@@ -168,10 +177,10 @@ def _tri_apply(out, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32,
           + tl.dot(c22, x2, input_precision=PREC))
     y3 = (tl.dot(c30, x0, input_precision=PREC) + tl.dot(c31, x1, input_precision=PREC)
           + tl.dot(c32, x2, input_precision=PREC) + tl.dot(c33, x3, input_precision=PREC))
-    store_tile(out, y0, t0, T, stride, col0, n_cols, 16, BC)
-    store_tile(out, y1, t0 + 16, T, stride, col0, n_cols, 16, BC)
-    store_tile(out, y2, t0 + 32, T, stride, col0, n_cols, 16, BC)
-    store_tile(out, y3, t0 + 48, T, stride, col0, n_cols, 16, BC)
+    store_tile(out, y0, t0, col0, T, n_cols, stride, 16, BC)
+    store_tile(out, y1, t0 + 16, col0, T, n_cols, stride, 16, BC)
+    store_tile(out, y2, t0 + 32, col0, T, n_cols, stride, 16, BC)
+    store_tile(out, y3, t0 + 48, col0, T, n_cols, stride, 16, BC)
 
 
 def wy_fwd(
@@ -179,8 +188,9 @@ def wy_fwd(
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
     """k: [B, T, H, K], v: [B, T, H, V], beta, g: [B, T, H] (g None: ungated), contiguous.
 
-    Returns (gamma [B, T, H] fp32 or None, Tm [B, T, H, 64], W [B, T, H, K], U0 [B, T, H, V]),
-    Tm, W, U0 in k's dtype; row t of Tm holds row (t mod 64) of its chunk's inverse."""
+    Returns (gamma [B, T, H] fp32 cumulative log2-gates or None, Tm [B, T, H, 64],
+    W [B, T, H, K], U0 [B, T, H, V]), Tm, W, U0 in k's dtype; row t of Tm holds row
+    (t mod 64) of its chunk's inverse."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     dev, dt = k.device, k.dtype
@@ -192,8 +202,8 @@ def wy_fwd(
     grid = (triton.cdiv(T, CHUNK), B * H)
     wy_fwd_kernel[grid](
         k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm, w, u0, T,
-        H=H, K=K, V=V, BK=pow2(K, cfg["BK"]), BV=pow2(V, cfg["BV"]),
-        USE_G=g is not None, PREC=dot_prec(dt), SOLVE_PREC=solve_prec(dt), num_warps=warps(cfg["num_warps"]),
+        H=H, K=K, V=V, BT=CHUNK, BK=block_size(K, cfg["BK"]), BV=block_size(V, cfg["BV"]),
+        USE_G=g is not None, PREC=dot_precision(dt), SOLVE_PREC=solve_precision(dt), num_warps=warps(cfg["num_warps"]),
         num_stages=cfg["num_stages"],
     )
     return gam, tm, w, u0

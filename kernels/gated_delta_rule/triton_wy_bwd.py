@@ -1,18 +1,19 @@
 """Backward of the per-chunk WY/UT preparation (docs/design.md §10), and the final gradients.
 
 Forward, per chunk: A = strictly-lower diag(beta) (K K^T ⊙ Gamma), Tm = (I + A)^{-1},
-W = Tm diag(f) K with f = beta e^gamma, U0 = Tm diag(beta) V. Given dW and dU0 (= dU):
+W = Tm diag(f) K with f = beta 2^gamma (gamma in log2 units), U0 = Tm diag(beta) V.
+Given dW and dU0 (= dU), with gradients of gamma taken in natural-log units:
     dTm  = dW (diag(f) K)^T + dU (diag(beta) V)^T
     dA   = -Tm^T dTm Tm^T, strictly lower part
     dk  += f ⊙ Tm^T dW  +  dM K  +  dM^T K,    dM = dA ⊙ beta_i Gamma_ij
     dv   = beta ⊙ Tm^T dU
-    dbeta = e^gamma ⊙ rowsum(K ⊙ Tm^T dW) + rowsum(V ⊙ Tm^T dU) + rowsum(dA ⊙ Gamma ⊙ K K^T)
+    dbeta = 2^gamma ⊙ rowsum(K ⊙ Tm^T dW) + rowsum(V ⊙ Tm^T dU) + rowsum(dA ⊙ Gamma ⊙ K K^T)
     dgamma += f ⊙ rowsum(K ⊙ Tm^T dW) + rowsum(dA ⊙ A) - colsum(dA ⊙ A)
 and dg = reverse cumsum of dgamma within the chunk (gamma_i = g_1 + ... + g_i).
 dM^T is built from dA^T = -Tm dTm^T Tm, itself from loaded tiles (dTm^T = diag(f) K dW^T
 + diag(beta) V dU^T), so no product is ever transposed in registers (see
 kernels/common/triton/solve.py). grid (chunks, heads). The passes are ordered so that at most
-two [64, 64] fp32 accumulators are live at once (dTm with K K^T, then dTm^T).
+two [BT, BT] fp32 accumulators are live at once (dTm with K K^T, then dTm^T).
 """
 
 from __future__ import annotations
@@ -21,103 +22,95 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.utils import new_buffer, warps
-from kernels.gated_delta_rule.triton_tiles import (
-    anticausal_decay,
-    causal_decay,
-    load_gamma,
-    load_tile,
-    load_tile_t,
-    load_vec,
-    store_tile,
-    store_vec,
-)
-from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING, dot_prec, pow2
+from kernels.common.triton.gates import anticausal_decay, causal_decay
+from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, load_vec, store_tile, store_vec
+from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+from kernels.gated_delta_rule.triton_tuning import TUNING
 
 
 @triton.jit(do_not_specialize=["T", "BTH", "NK"])
 def wy_bwd_kernel(
     k, v, beta, gam, tm, dw, du, dk_part, dgam_part, dk, dv, dbeta, dg, T, BTH, NK, H,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, PREC: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
-    t0 = i_t * 64
+    t0 = i_t * BT
     dt = k.dtype.element_ty
-    b_tmt = load_tile_t(tm + seq * 64, t0, T, H * 64, 0, 64, 64, 64)
-    b_b = load_vec(beta + seq, t0, T, H, 64)
-    b_g = tl.zeros([64], dtype=tl.float32)
-    b_eg = tl.full([64], 1.0, dtype=tl.float32)
+    b_tmt = load_tile_t(tm + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
+    b_b = load_vec(beta + seq, t0, T, H, BT)
+    b_g = tl.zeros([BT], dtype=tl.float32)
+    b_eg = tl.full([BT], 1.0, dtype=tl.float32)
     if USE_G:
-        b_g = load_gamma(gam + seq, t0, T, H, 64)
-        b_eg = tl.exp(b_g)
+        b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
+        b_eg = tl.exp2(b_g)
     b_f = b_b * b_eg
 
-    o_r = tl.arange(0, 64)
+    o_r = tl.arange(0, BT)
     # dTm and K K^T (K-blocks), then the V-blocks: dTm, dv and beta's share through U0
-    b_dtm = tl.zeros([64, 64], dtype=tl.float32)
-    b_kk = tl.zeros([64, 64], dtype=tl.float32)
+    b_dtm = tl.zeros([BT, BT], dtype=tl.float32)
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_k = load_tile(k + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
-        b_kt = load_tile_t(k + seq * K, t0, T, H * K, i_k * BK, K, BK, 64)
-        b_dw = load_tile(dw + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_kt = load_tile_t(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_dw = load_tile(dw + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
         b_kk += tl.dot(b_k, b_kt, input_precision=PREC)
         b_dtm += tl.dot(b_dw, (b_kt * b_f[None, :]).to(dt), input_precision=PREC)
-    b_db = tl.zeros([64], dtype=tl.float32)
+    b_db = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
-        b_v = load_tile(v + seq * V, t0, T, H * V, i_v * BV, V, 64, BV)
-        b_vt = load_tile_t(v + seq * V, t0, T, H * V, i_v * BV, V, BV, 64)
-        b_du = load_tile(du + seq * V, t0, T, H * V, i_v * BV, V, 64, BV)
+        b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
+        b_vt = load_tile_t(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
+        b_du = load_tile(du + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
         b_dtm += tl.dot(b_du, (b_vt * b_b[None, :]).to(dt), input_precision=PREC)
         b_dvb = tl.dot(b_tmt, b_du, input_precision=PREC)
-        store_tile(dv + seq * V, b_dvb * b_b[:, None], t0, T, H * V, i_v * BV, V, 64, BV)
+        store_tile(dv + seq * V, b_dvb * b_b[:, None], t0, i_v * BV, T, V, H * V, BT, BV)
         b_db += tl.sum(b_dvb * b_v.to(tl.float32), axis=1)
     b_da = -tl.dot(tl.dot(b_tmt, b_dtm.to(dt), input_precision=PREC).to(dt), b_tmt, input_precision=PREC)
     b_da = tl.where(o_r[:, None] > o_r[None, :], b_da, 0.0)
     b_gkk = causal_decay(b_kk, b_g, b_g, False, USE_G)  # Gamma ⊙ K K^T, strictly lower
     b_db += tl.sum(b_da * b_gkk, axis=1)
-    b_dgam = tl.zeros([64], dtype=tl.float32)
+    b_dgam = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_daa = b_da * b_gkk * b_b[:, None]  # dA ⊙ A
         b_dgam = tl.sum(b_daa, axis=1) - tl.sum(b_daa, axis=0)
     b_dm = causal_decay(b_da * b_b[:, None], b_g, b_g, False, USE_G).to(dt)
 
     # dTm^T from loaded tiles, then dA^T = -Tm dTm^T Tm and dM^T
-    b_dtmt = tl.zeros([64, 64], dtype=tl.float32)
+    b_dtmt = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_k = load_tile(k + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
-        b_dwt = load_tile_t(dw + seq * K, t0, T, H * K, i_k * BK, K, BK, 64)
+        b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_dwt = load_tile_t(dw + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
         b_dtmt += tl.dot((b_k * b_f[:, None]).to(dt), b_dwt, input_precision=PREC)
     for i_v in range(tl.cdiv(V, BV)):
-        b_v = load_tile(v + seq * V, t0, T, H * V, i_v * BV, V, 64, BV)
-        b_dut = load_tile_t(du + seq * V, t0, T, H * V, i_v * BV, V, BV, 64)
+        b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
+        b_dut = load_tile_t(du + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
         b_dtmt += tl.dot((b_v * b_b[:, None]).to(dt), b_dut, input_precision=PREC)
-    b_tm = load_tile(tm + seq * 64, t0, T, H * 64, 0, 64, 64, 64)
+    b_tm = load_tile(tm + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
     b_dat = -tl.dot(tl.dot(b_tm, b_dtmt.to(dt), input_precision=PREC).to(dt), b_tm, input_precision=PREC)
     b_dat = tl.where(o_r[None, :] > o_r[:, None], b_dat, 0.0)
     b_dmt = anticausal_decay(b_dat * b_b[None, :], b_g, b_g, False, USE_G).to(dt)
 
     for i_k in range(tl.cdiv(K, BK)):
-        b_k = load_tile(k + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
-        b_dw = load_tile(dw + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_dw = load_tile(dw + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
         b_dkb = tl.dot(b_tmt, b_dw, input_precision=PREC)
-        b_dk = load_tile(dk_part + seq * K, t0, T, H * K, i_k * BK, K, 64, BK)
+        b_dk = load_tile(dk_part + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
         b_dk += b_dkb * b_f[:, None]
         b_dk += tl.dot(b_dm, b_k, input_precision=PREC)
         b_dk += tl.dot(b_dmt, b_k, input_precision=PREC)
-        store_tile(dk + seq * K, b_dk, t0, T, H * K, i_k * BK, K, 64, BK)
+        store_tile(dk + seq * K, b_dk, t0, i_k * BK, T, K, H * K, BT, BK)
         b_kdkb = tl.sum(b_dkb * b_k.to(tl.float32), axis=1)
         b_db += b_kdkb * b_eg
         b_dgam += b_kdkb * b_f
-    store_vec(dbeta + seq, b_db, t0, T, H, 64)
+    store_vec(dbeta + seq, b_db, t0, T, H, BT)
     if USE_G:
         for i_p in range(NK):
-            b_dgam += load_vec(dgam_part + i_p * BTH + seq, t0, T, H, 64)
+            b_dgam += load_vec(dgam_part + i_p * BTH + seq, t0, T, H, BT)
         # dg_l = sum_{i >= l} dgamma_i
         b_dg = tl.sum(b_dgam, axis=0) - tl.cumsum(b_dgam, axis=0) + b_dgam
-        store_vec(dg + seq, b_dg, t0, T, H, 64)
+        store_vec(dg + seq, b_dg, t0, T, H, BT)
 
 
 def wy_bwd(
@@ -125,9 +118,13 @@ def wy_bwd(
     tm: torch.Tensor, dw: torch.Tensor, du: torch.Tensor, dk_part: torch.Tensor,
     dgam_part: torch.Tensor | None, g_dtype: torch.dtype | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Returns (dk [B, T, H, K] k.dtype, dv [B, T, H, V] v.dtype, dbeta [B, T, H] beta.dtype,
+    """k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H]; gam: [B, T, H] fp32 log2 units or
+    None; tm: [B, T, H, BT] (wy_fwd's, BT the chunk length); dw, dk_part: [B, T, H, K]; du:
+    [B, T, H, V]; dgam_part: [NK, B, T, H] fp32 or None.
+    Returns (dk [B, T, H, K] k.dtype, dv [B, T, H, V] v.dtype, dbeta [B, T, H] beta.dtype,
     dg [B, T, H] in g_dtype or None)."""
     B, T, H, K = k.shape
+    BT = tm.shape[-1]
     V = v.shape[-1]
     dev = k.device
     cfg = TUNING["wy_bwd"]
@@ -135,11 +132,11 @@ def wy_bwd(
     dv = new_buffer((B, T, H, V), v.dtype, dev)
     dbeta = new_buffer((B, T, H), beta.dtype, dev)
     dg = new_buffer((B, T, H), g_dtype, dev) if gam is not None else None
-    wy_bwd_kernel[(triton.cdiv(T, CHUNK), B * H)](
+    wy_bwd_kernel[(triton.cdiv(T, BT), B * H)](
         k, v, beta, gam if gam is not None else k, tm, dw, du, dk_part,
         dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k,
         T, B * T * H, dgam_part.shape[0] if dgam_part is not None else 0,
-        H=H, K=K, V=V, BK=pow2(K, cfg["BK"]), BV=pow2(V, cfg["BV"]), USE_G=gam is not None,
-        PREC=dot_prec(k.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg["BK"]), BV=block_size(V, cfg["BV"]), USE_G=gam is not None,
+        PREC=dot_precision(k.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
     )
     return dk, dv, dbeta, dg

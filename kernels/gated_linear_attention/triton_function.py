@@ -19,10 +19,10 @@ import torch
 
 from kernels.common.triton.cumsum import chunk_local_cumsum
 from kernels.common.triton.fused_forward import chunk_fwd_fused, fused_forward_applies
+from kernels.common.triton.gates import GATE_NONE, GATE_SCALAR, GATE_VECTOR, LOG2E
 from kernels.common.triton.grad_qk import chunk_bwd_dqk
 from kernels.common.triton.output import chunk_bwd_dv, chunk_fwd_output
 from kernels.common.triton.states import chunk_bwd_states, chunk_fwd_states
-from kernels.common.triton.utils import GATE_NONE, GATE_SCALAR, GATE_VECTOR, LOG2E
 from kernels.gated_linear_attention.triton_vector import gla_bwd_dqkg, gla_intra_A
 
 

@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_placeholder, placeholder, present
-from kernels.common.triton.utils import GATE_VECTOR, check_chunk_size
+from kernels.common.triton.gates import GATE_VECTOR
+from kernels.common.triton.utils import check_chunk_size
 from kernels.gated_linear_attention.triton_function import (
     ChunkGatedLinearAttentionFunction,
     ChunkOptions,

@@ -38,9 +38,10 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.cumsum import chunk_local_cumsum
-from kernels.common.triton.launch import LAUNCH, tile
+from kernels.common.triton.gates import LOG2E
+from kernels.common.triton.launch import LAUNCH
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import LOG2E, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
 from kernels.gated_linear_attention.triton_vector_paths import (
     PATH_CHUNK,
     PATH_EXACT,
@@ -81,7 +82,7 @@ def chunk_paths(g: torch.Tensor, dtype: torch.dtype, chunk_size: int, entry: str
     (chunk_path) in PyTorch, for tests and benchmark records."""
     B, T, H, K = g.shape
     BT, BC = chunk_size, sub_chunk(entry, chunk_size)
-    BK = tile(K, LAUNCH[entry]["BK"])
+    BK = block_size(K, LAUNCH[entry]["BK"])
     NT, NK = triton.cdiv(T, BT), triton.cdiv(K, BK)
     gamma = chunk_local_cumsum(g.float().contiguous(), chunk_size, LOG2E)
     if NT * BT > T:  # padded rows repeat the last valid row
@@ -184,7 +185,7 @@ def gla_intra_A(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, scale: fl
     B, T, H, K = q.shape
     BT = chunk_size
     cfg = LAUNCH["intra_A"]
-    BK = tile(K, cfg["BK"])
+    BK = block_size(K, cfg["BK"])
     A = new_buffer((B, T, H, BT), torch.float32, q.device)
     grid = (triton.cdiv(T, BT), B * H)
     paths = _census_buffer("intra_A", B, H, grid[0], triton.cdiv(K, BK), q.device)
@@ -325,7 +326,7 @@ def gla_bwd_dqkg(
     BT = chunk_size
     NT = triton.cdiv(T, BT)
     cfg = LAUNCH["bwd_dqkg"]
-    BK, BV = tile(K, cfg["BK"]), tile(V, cfg["BV"])
+    BK, BV = block_size(K, cfg["BK"]), block_size(V, cfg["BV"])
     dq = new_buffer((B, T, H, K), q.dtype, q.device)
     dk = new_buffer((B, T, H, K), k.dtype, k.device)
     dg = new_buffer((B, T, H, K), torch.float32, q.device)

@@ -27,9 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton.gates import log2_gates
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import new_buffer, warps
-from kernels.mesa.triton_system import GATE_FLOOR, LOG2E_CONST, load_gates
+from kernels.mesa.triton_system import load_gates
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,7 @@ def _later_gates(g, seq, t0, T, H, BT: tl.constexpr):
     where the masked [BT, BT] sum cost BT^2, and no subtraction (no cancellation)."""
     o_next = t0 + 1 + tl.arange(0, BT)
     m_next = (o_next < T) & (o_next < t0 + BT)
-    b_next = tl.maximum(tl.load(g + seq + o_next * H, mask=m_next, other=0.0).to(tl.float32) * LOG2E_CONST,
-                        GATE_FLOOR)
+    b_next = log2_gates(tl.load(g + seq + o_next * H, mask=m_next, other=0.0))
     return tl.exp2(tl.cumsum(b_next, axis=0, reverse=True))
 
 
@@ -122,8 +122,7 @@ def mesa_bwd_states_kernel(
         chunk = (i_bh * NT + i_t).to(tl.int64)
         store_tile(dstate + chunk * K * D, b_dh, i_k * BK, i_d * BD, K, D, D, BK, BD)
         o_t = t0 + o_i
-        b_g = tl.maximum(tl.load(g + seq + o_t * H, mask=o_t < T, other=0.0).to(tl.float32) * LOG2E_CONST,
-                         GATE_FLOOR)
+        b_g = log2_gates(tl.load(g + seq + o_t * H, mask=o_t < T, other=0.0))
         b_chunk_decay = tl.exp2(tl.sum(b_g))
         # this block's share of c_n <S_n, dS_{n+1}>; shares of all blocks are summed later
         b_s = load_tile(state + chunk * K * D, i_k * BK, i_d * BD, K, D, D, BK, BD)

@@ -29,13 +29,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.common.triton.gates import log2_gates
 from kernels.common.triton.tiles import load_tile, load_tile_t
-from kernels.common.triton.utils import GATE_FLOOR_LOG2
 
-LOG2E_CONST = tl.constexpr(1.4426950408889634)
-# the per-token floor of kernels/common/triton/utils.py (log2 units): a -inf gate (a full
-# reset) counts as a decay of 2^-80, so the 0/1-matrix segment sums never meet 0 * -inf
-GATE_FLOOR = tl.constexpr(GATE_FLOOR_LOG2)
 FP32_TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal fp32: guards the CG divisions
 # below this bound on ||p|| a row's CG has converged past fp32 (its squares flush to zero on
 # the GPU, so ||r||^2 reads 0 while r is not): matvec_normed drops such a p instead of
@@ -45,11 +41,13 @@ NORM_FLOOR = tl.constexpr(1e-18)
 
 @triton.jit
 def load_gates(g, beta, seq, t0, T, H, BT: tl.constexpr):
-    """log2-unit gates (raised to GATE_FLOOR) and betas of one chunk, [BT] fp32 each, zero
+    """log2-unit gates (raised to the gate floor of kernels/common/triton/gates.py: a -inf
+    gate, a full reset, counts as a decay of 2^-80, so the 0/1-matrix segment sums never
+    meet 0 * -inf) and betas of one chunk, [BT] fp32 each, zero
     past T (a neutral pad)."""
     o_j = t0 + tl.arange(0, BT)
     m_j = o_j < T
-    b_g = tl.maximum(tl.load(g + seq + o_j * H, mask=m_j, other=0.0).to(tl.float32) * LOG2E_CONST, GATE_FLOOR)
+    b_g = log2_gates(tl.load(g + seq + o_j * H, mask=m_j, other=0.0))
     b_beta = tl.load(beta + seq + o_j * H, mask=m_j, other=0.0).to(tl.float32)
     return b_g, b_beta
 

@@ -7,7 +7,7 @@ of `chunk_size` tokens; the last chunk may be partial. `scale` multiplies the re
 (LOG2E turns natural-log gates into log2 units for exp2 in the kernels); reverse=True sums
 from the end of each chunk (gamma_i = g_i + ... + g_last).
 
-Gates below GATE_FLOOR_LOG2 / scale (utils.py: a decay of 2^-80 in one token) are raised to
+Gates below GATE_FLOOR_LOG2 / scale (gates.py: a decay of 2^-80 in one token) are raised to
 it first, so the sums stay finite for g = -inf (a full reset, which the op contract allows)
 and every difference of two of them, the kernels' exp2(gamma_i - gamma_j), is a number:
 -inf - (-inf) would be NaN. Gates above the floor are summed as they are.
@@ -19,10 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton.gates import GATE_FLOOR_C, LOG2E
 from kernels.common.triton.tiles import load_tile, store_tile
-from kernels.common.triton.utils import GATE_FLOOR_LOG2, LOG2E, block_size, new_buffer
-
-FLOOR = tl.constexpr(GATE_FLOOR_LOG2)
+from kernels.common.triton.utils import block_size, new_buffer
 
 
 @triton.jit
@@ -36,7 +35,7 @@ def chunk_local_cumsum_kernel(
     # row 0 of this (batch, head) sequence, in elements of a [B, T, H] tensor
     seq = i_b.to(tl.int64) * T * H + i_h
     o_t = i_t * BT + tl.arange(0, BT)
-    floor = FLOOR / scale  # in g's units: gates at or above it are summed exactly as they are
+    floor = GATE_FLOOR_C / scale  # in g's units: gates at or above it are summed exactly as they are
     if VECTOR:
         b_g = load_tile(g + seq * D, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
         b_o = tl.cumsum(tl.maximum(b_g, floor), axis=0, reverse=REVERSE) * scale

@@ -27,21 +27,16 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton.gates import GATE_VECTOR
 from kernels.common.triton.launch import (
     FUSED_FORWARD_ENTRIES,
     LAUNCH,
     sequential_blocks,
-    tile,
 )
 from kernels.common.triton.segments import segment_entry_states
 from kernels.common.triton.states import _decay_rows
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import (
-    GATE_VECTOR,
-    dot_precision,
-    new_buffer,
-    warps,
-)
+from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
 
 MAX_K = 128  # the state tile is [K, BV] in registers
 
@@ -159,7 +154,7 @@ def chunk_fwd_fused(
     BK = max(16, triton.next_power_of_2(K))
     target = segment_target(B * H, gate)
     if target > 0:  # segments bring the parallelism: keep the widest V-block
-        BV = tile(V, cfg["BV"])
+        BV = block_size(V, cfg["BV"])
     else:
         _, BV = sequential_blocks(name, K, V, B * H, k.device)
     CPS = chunks_per_segment(NT, B * H * triton.cdiv(V, BV), target)

@@ -20,9 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.launch import LAUNCH, tile
+from kernels.common.triton.gates import GATE_SCALAR
+from kernels.common.triton.launch import LAUNCH
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import GATE_SCALAR, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
 
 
 @triton.jit
@@ -95,7 +96,7 @@ def chunk_bwd_dqk(
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     cfg = LAUNCH["bwd_dqk"]
-    BK, BV = tile(K, cfg["BK"]), tile(V, cfg["BV"])
+    BK, BV = block_size(K, cfg["BK"]), block_size(V, cfg["BV"])
     NK = triton.cdiv(K, BK)
     dq = new_buffer((B, T, H, K), q.dtype, q.device)
     dk = new_buffer((B, T, H, K), k.dtype, k.device)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 
+from kernels.common.triton.utils import block_size, sequential_block_v
+
 LAUNCH: dict[str, dict[str, int]] = {
     # fwd_fused (fused_forward.py; ungated, with _scalar / _vector entries for gated ops):
     # the forward's states and outputs in one sequential pass, used when enabled, K <= 128
@@ -83,19 +85,10 @@ LAUNCH: dict[str, dict[str, int]] = {
 FUSED_FORWARD_ENTRIES = ("fwd_fused", "fwd_fused_scalar", "fwd_fused_vector")
 
 
-def tile(dim: int, cap: int) -> int:
-    """Tile width for a dimension: next power of two, at least 16 (tl.dot), at most cap."""
-    return max(16, min(cap, triton.next_power_of_2(dim)))
-
-
 def sequential_blocks(kernel: str, K: int, V: int, n_heads: int, device: torch.device) -> tuple[int, int]:
     """(BK, BV) of a sequential state pass: LAUNCH[kernel]'s caps, BV halved (to min_BV)
     while n_heads * K-blocks * V-blocks programs fill fewer than min_waves waves."""
     cfg = LAUNCH[kernel]
-    BK, BV = tile(K, cfg["BK"]), tile(V, cfg["BV"])
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        floor = max(16, cfg["min_BV"])
-        while BV > floor and n_heads * triton.cdiv(K, BK) * triton.cdiv(V, BV) < cfg["min_waves"] * sms:
-            BV //= 2
+    BK = block_size(K, cfg["BK"])
+    BV = sequential_block_v(V, cfg["BV"], cfg["min_BV"], cfg["min_waves"], n_heads * triton.cdiv(K, BK), device)
     return BK, BV

@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.launch import LAUNCH, tile
+from kernels.common.triton.launch import LAUNCH
 from kernels.common.triton.tiles import load_gamma_rows, load_row, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import dot_precision, new_buffer, warps
+from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
 
 
 @triton.jit
@@ -122,7 +122,7 @@ def chunk_fwd_output(
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     cfg = LAUNCH["fwd_output"]
-    BK, BV = tile(K, cfg["BK"]), tile(V, cfg["BV"])
+    BK, BV = block_size(K, cfg["BK"]), block_size(V, cfg["BV"])
     o = new_buffer((B, T, H, V), v.dtype, v.device)
     grid = (triton.cdiv(V, BV), NT, B * H)
     chunk_fwd_output_kernel[grid](
@@ -143,7 +143,7 @@ def chunk_bwd_dv(
     V = do.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     cfg = LAUNCH["bwd_dv"]
-    BK, BV = tile(K, cfg["BK"]), tile(V, cfg["BV"])
+    BK, BV = block_size(K, cfg["BK"]), block_size(V, cfg["BV"])
     dv = new_buffer((B, T, H, V), do.dtype, do.device)
     grid = (triton.cdiv(V, BV), NT, B * H)
     chunk_bwd_dv_kernel[grid](

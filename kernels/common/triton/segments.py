@@ -19,9 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton.gates import GATE_NONE
 from kernels.common.triton.states import _decay_rows
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import GATE_NONE, new_buffer, warps
+from kernels.common.triton.utils import new_buffer, warps
 
 
 @triton.jit

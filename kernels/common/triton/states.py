@@ -24,9 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton.gates import GATE_VECTOR
 from kernels.common.triton.launch import LAUNCH, sequential_blocks
 from kernels.common.triton.tiles import load_row, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import GATE_VECTOR, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import dot_precision, new_buffer, warps
 
 
 @triton.jit

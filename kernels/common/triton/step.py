@@ -4,7 +4,8 @@
     (gated) delta rule: h' = D h + beta k (v - (D h)^T k)^T       (= D (I - beta k k^T) h + beta k v^T)
     o = h'^T (scale q)
 
-with D = 1 (no gate), e^{g} (scalar gate) or diag(e^{g}) (vector gate). One pass over the
+with D = 1 (no gate), e^{g} (scalar gate) or diag(e^{g}) (vector gate), formed as exp2(LOG2E g)
+(kernels/common/triton/gates.py). One pass over the
 state: each program reads its [K, BV] block of h once (the whole K, which the delta
 rule's recall h^T k needs), and writes the new block and its slice of o. The PyTorch steps
 (kernels/<op>/step.py) make several passes and temporaries of the state's size;
@@ -18,13 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.utils import (
-    GATE_NONE,
-    GATE_SCALAR,
-    GATE_VECTOR,
-    new_buffer,
-    warps,
-)
+from kernels.common.triton.gates import GATE_NONE, GATE_SCALAR, GATE_VECTOR, LOG2E_C
+from kernels.common.triton.utils import new_buffer, warps
 
 
 @triton.jit
@@ -47,9 +43,9 @@ def fused_step_kernel(
     if HAS_STATE:
         b_h = tl.load(h + p_h, mask=m_h, other=0.0).to(tl.float32)
         if GATE == 1:
-            b_h *= tl.exp(tl.load(g + row).to(tl.float32))
+            b_h *= tl.exp2(tl.load(g + row).to(tl.float32) * LOG2E_C)
         elif GATE == 2:
-            b_h *= tl.exp(tl.load(g + row * K + o_k, mask=m_k, other=0.0).to(tl.float32))[:, None]
+            b_h *= tl.exp2(tl.load(g + row * K + o_k, mask=m_k, other=0.0).to(tl.float32) * LOG2E_C)[:, None]
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if DELTA:

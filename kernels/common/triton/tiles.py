@@ -1,9 +1,17 @@
-"""Masked 2-D tile loads and stores on row-major matrices (plain pointers: block pointers
-are gone from recent Triton, and tensor descriptors need TMA-aligned shapes).
+"""The tile library of every Triton kernel: masked loads and stores of 2-D tiles of
+row-major matrices and of 1-D per-token vectors (plain pointers: block pointers are gone
+from recent Triton, and tensor descriptors need TMA-aligned shapes).
 
 A matrix here is `ptr` with n_rows x n_cols elements, rows `stride` elements apart: e.g.
-one head's keys are k + ((b*T*H + h) * K) with n_rows = T, n_cols = K, stride = H*K.
-Out-of-range elements load as zero and are not stored (load_gamma_rows excepted).
+one head's keys are k + ((b*T*H + h) * K) with n_rows = T, n_cols = K, stride = H*K, and a
+[K, V] state is its base with n_rows = K, n_cols = V, stride = V. Every helper takes the
+tile's first row and column, then the matrix extent, then the stride, then the tile shape:
+    load_tile(ptr, row0, col0, n_rows, n_cols, stride, BR, BCOL) -> [BR, BCOL]
+A per-token vector (a scalar gate, beta) is `ptr` with n_rows entries `stride` apart:
+    load_vec(ptr, row0, n_rows, stride, BR) -> [BR]
+Out-of-range elements load as zero and are not stored (load_gamma_rows excepted). Row
+offsets are promoted to int64 before they meet the stride: rows x stride of a long
+sequence of many heads passes 2^31.
 """
 
 from __future__ import annotations
@@ -58,3 +66,17 @@ def load_gamma_rows(ptr, row0, n_rows, stride, BR: tl.constexpr):
     row's zero times it is NaN."""
     o_r = tl.minimum(row0 + tl.arange(0, BR), n_rows - 1)
     return tl.load(ptr + o_r * stride)
+
+
+@triton.jit
+def load_vec(ptr, row0, n_rows, stride, BR: tl.constexpr):
+    """Rows row0..row0+BR-1 of a per-token vector: [BR] fp32, zeros past n_rows."""
+    o_r = row0 + tl.arange(0, BR)
+    return tl.load(ptr + o_r.to(tl.int64) * stride, mask=o_r < n_rows, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_vec(ptr, value, row0, n_rows, stride, BR: tl.constexpr):
+    """Store a [BR] vector (cast to the pointer's dtype) into rows row0..row0+BR-1, in bounds only."""
+    o_r = row0 + tl.arange(0, BR)
+    tl.store(ptr + o_r.to(tl.int64) * stride, value.to(ptr.dtype.element_ty), mask=o_r < n_rows)

@@ -1,4 +1,7 @@
-"""Helpers shared by the Triton kernels: buffers, block sizes, gate modes, dot precision."""
+"""Helpers shared by the Triton kernels: buffers, tile widths, dot precision, chunk sizes.
+
+The gate unit (log2 gates, exp2 decays, the gate floor and gate modes) is gates.py; the
+masked loads and stores are tiles.py; launch settings are kernels/common/launch.py."""
 
 from __future__ import annotations
 
@@ -10,23 +13,6 @@ import torch
 import triton
 
 from kernels.common.dispatch import triton_interpret
-
-# exp(x) == exp2(x * LOG2E): cumulative gates are kept in log2 units so kernels use exp2.
-LOG2E = 1.4426950408889634
-
-# The strongest decay one token's gate applies inside the kernels, in log2 units: every
-# per-token log-gate below it (-inf, a full reset, included) is raised to it before the
-# chunk-local cumulative sums. The kernels form decays as exp2(gamma_i - gamma_j) of those
-# sums, and one -inf would make every later difference in its chunk -inf - (-inf) = NaN.
-# 2^-80 leaves nothing of a state fp32 can hold. The floor sits below the vector-gate
-# kernels' factored span (64, triton_vector.FACTORED_SPAN), so a gate it raises still
-# sends its chunk down the path its true value would, and close enough to keep the sums
-# small: every decay inherits their rounding, ulp(|gamma|), 2^-17 past one floored gate
-# while the rest of the chunk's gates sum above -48.
-GATE_FLOOR_LOG2 = -80.0
-
-# Gate modes, passed to kernels as a constexpr.
-GATE_NONE, GATE_SCALAR, GATE_VECTOR = 0, 1, 2
 
 VALID_CHUNK_SIZES = (16, 32, 64, 128)
 
@@ -53,6 +39,29 @@ def new_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
 def block_size(dim: int, cap: int = 64) -> int:
     """Tile width for a feature dimension: a power of two in [16, cap] (tl.dot needs >= 16)."""
     return max(16, min(cap, triton.next_power_of_2(dim)))
+
+
+def full_block(dim: int) -> int:
+    """A tile covering the whole dimension: its next power of two, at least 16 (for kernels
+    that keep a full K-wide state block in registers)."""
+    return max(16, triton.next_power_of_2(dim))
+
+
+def sequential_block_v(
+    V: int, cap: int, min_bv: int, min_waves: int, programs_per_block: int, device: torch.device
+) -> int:
+    """V-block of a kernel that walks a sequence's chunks in order in one program: `cap`
+    (a power of two, at most V's), halved down to min_bv (at least 16) while
+    programs_per_block * ceil(V / BV) programs would fill fewer than min_waves waves of the
+    GPU's multiprocessors: with few sequences, more and narrower programs finish sooner.
+    On the CPU the cap itself."""
+    bv = block_size(V, cap)
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        floor = max(16, min_bv)
+        while bv > floor and programs_per_block * triton.cdiv(V, bv) < min_waves * sms:
+            bv //= 2
+    return bv
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -262,9 +262,9 @@ def test_fused_forward_equals_two_kernels(gate):
     """Same states (bit for bit) and outputs (up to summation order) as the two kernels."""
     from kernels.common.triton.cumsum import chunk_local_cumsum
     from kernels.common.triton.fused_forward import chunk_fwd_fused
+    from kernels.common.triton.gates import LOG2E
     from kernels.common.triton.output import chunk_fwd_output
     from kernels.common.triton.states import chunk_fwd_states
-    from kernels.common.triton.utils import LOG2E
     from kernels.gated_linear_attention.triton_function import gate_mode
     from kernels.gated_linear_attention.triton_vector import gla_intra_A
     from tests.util import rel_err

@@ -382,7 +382,7 @@ def test_minus_inf_gate(op):
     """Two tokens, the second with g = -inf: the contract takes g <= 0 (checks.check_gate) and
     the decay is 0, a full reset. The kernels subtract cumulative gates, where one -inf would
     make -inf - (-inf) = NaN of every later decay in the chunk; they floor each gate first
-    (utils.GATE_FLOOR_LOG2), and every output and gradient must match the reference."""
+    (gates.GATE_FLOOR_LOG2), and every output and gradient must match the reference."""
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, 1, 16, generator=gen) for _ in range(3))
     scalar = torch.tensor([-0.1, float("-inf")]).reshape(1, 2, 1)

@@ -134,9 +134,10 @@ def test_gated_linear_attention_vector_gate_reference_rows_per_block(compare):
 
 def test_the_shapes_really_span_blocks_and_segments(monkeypatch):
     from kernels.common.triton.fused_forward import chunks_per_segment, segment_target
-    from kernels.common.triton.launch import LAUNCH, tile
+    from kernels.common.triton.launch import LAUNCH
+    from kernels.common.triton.utils import block_size
 
-    assert K > 2 * tile(K, LAUNCH["bwd_dqk"]["BK"]) and K % 16 and V % 16 and T % CHUNK
+    assert K > 2 * block_size(K, LAUNCH["bwd_dqk"]["BK"]) and K % 16 and V % 16 and T % CHUNK
     _forward(monkeypatch, "segmented")
     NT, programs = -(-T // CHUNK), B * H * -(-V // 16)
     assert chunks_per_segment(NT, programs, segment_target(B * H, 0)) < NT

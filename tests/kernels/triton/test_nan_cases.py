@@ -84,7 +84,7 @@ def test_gates_floored_before_the_cumulative_sum():
     GATE_FLOOR_LOG2 (log2 units) as the floor, so they stay finite and their differences
     are numbers."""
     from kernels.common.triton.cumsum import chunk_local_cumsum
-    from kernels.common.triton.utils import GATE_FLOOR_LOG2, LOG2E
+    from kernels.common.triton.gates import GATE_FLOOR_LOG2, LOG2E
 
     g = -0.1 * torch.rand(1, 100, 2, generator=torch.Generator().manual_seed(3))
     g[0, [0, 30, 64, 99]] = float("-inf")

@@ -1,0 +1,77 @@
+"""The gate unit of every Triton kernel: log-gates in log2 units, decays by exp2.
+
+An op takes natural-log gates g <= 0 (a token's forget factor is e^g). The kernels multiply
+them by LOG2E once, as they load them or in their chunk-local cumulative sums, and form every
+decay as exp2 of a difference of such sums: exp2(LOG2E x) == e^x, and exp2 is the
+instruction the GPU has. Gradients are taken with respect to the natural-log gates: a decay
+factor's value does not depend on the unit it was computed in, so the backward formulas
+(d e^x / dx = e^x) read the same factors.
+
+Each per-token log2-gate below GATE_FLOOR_LOG2 (-inf, a full reset, included) is raised to
+it before any sum. Decays are differences gamma_i - gamma_j of chunk-local sums, and one
+-inf would make every later difference in its chunk -inf - (-inf) = NaN; 2^-80 leaves
+nothing of a state fp32 can hold. The floor sits below the vector-gate kernels' factored
+span (64, gated_linear_attention/triton_vector.FACTORED_SPAN), so a gate it raises still
+sends its chunk down the path its true value would, and close enough to keep the sums
+small: every decay inherits their rounding, ulp(|gamma|), 2^-17 past one floored gate while
+the rest of the chunk's gates sum above -48.
+
+Gate modes, passed to kernels as a constexpr: GATE_NONE (ungated), GATE_SCALAR (one gate
+per token and head, [B, T, H]), GATE_VECTOR (one per key channel, [B, T, H, K]).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# exp(x) == exp2(x * LOG2E)
+LOG2E = 1.4426950408889634
+GATE_FLOOR_LOG2 = -80.0
+
+GATE_NONE, GATE_SCALAR, GATE_VECTOR = 0, 1, 2
+
+# the same two numbers as jit-visible constants (a kernel may only read constexpr globals)
+LOG2E_C = tl.constexpr(LOG2E)
+GATE_FLOOR_C = tl.constexpr(GATE_FLOOR_LOG2)
+
+
+@triton.jit
+def log2_gates(b_g):
+    """Natural-log gates (any shape, any float dtype) -> fp32 log2-gates raised to the floor."""
+    return tl.maximum(b_g.to(tl.float32) * LOG2E_C, GATE_FLOOR_C)
+
+
+@triton.jit
+def causal_decay(b_x, b_gr, b_gc, INCLUSIVE: tl.constexpr, USE_G: tl.constexpr):
+    """b_x [R, C] times exp2(b_gr[r] - b_gc[c]) where r >= c (r > c unless INCLUSIVE), else 0.
+
+    b_gr [R], b_gc [C]: cumulative log2-gates of the tile's rows and columns, indexed from
+    the same chunk start. The exponent is masked before exp2, so entries above the diagonal
+    (positive exponents) never overflow. USE_G False: the mask alone."""
+    o_r = tl.arange(0, b_x.shape[0])
+    o_c = tl.arange(0, b_x.shape[1])
+    if INCLUSIVE:
+        m_rc = o_r[:, None] >= o_c[None, :]
+    else:
+        m_rc = o_r[:, None] > o_c[None, :]
+    if USE_G:
+        b_d = tl.where(m_rc, b_gr[:, None] - b_gc[None, :], float("-inf"))
+        return b_x * tl.exp2(b_d)
+    return tl.where(m_rc, b_x, 0.0)
+
+
+@triton.jit
+def anticausal_decay(b_x, b_gr, b_gc, INCLUSIVE: tl.constexpr, USE_G: tl.constexpr):
+    """The transposed mask: b_x [R, C] times exp2(b_gc[c] - b_gr[r]) where c >= r (c > r
+    unless INCLUSIVE), else 0. For tiles computed directly in transposed orientation."""
+    o_r = tl.arange(0, b_x.shape[0])
+    o_c = tl.arange(0, b_x.shape[1])
+    if INCLUSIVE:
+        m_rc = o_c[None, :] >= o_r[:, None]
+    else:
+        m_rc = o_c[None, :] > o_r[:, None]
+    if USE_G:
+        b_d = tl.where(m_rc, b_gc[None, :] - b_gr[:, None], float("-inf"))
+        return b_x * tl.exp2(b_d)
+    return tl.where(m_rc, b_x, 0.0)
