@@ -4,15 +4,17 @@
 # turn) packed PACK runs to the GPU until DEADLINE_S after the start. Records already in results/runs are copied in first, so
 # the sweep resumes across calls. Records are tarred into $OUT every 20 s: a call cut short
 # keeps every run that finished. The training states of runs still going at the deadline come
-# back as $OUT/resume.tar.part-* (15 MiB pieces); unpack them into .resume-carry and carry it
-# on the next call, and those runs go on from their last epoch. Logs come back in logs.tgz.
+# back gzipped as $OUT/resume.tgz.part-* (15 MiB pieces); `cat` them into .resume-carry/resume.tgz
+# (or unpack them into .resume-carry/) and carry it on the next call, and those runs go on from
+# their last epoch. Logs come back in logs.tgz, the background GPU tests' in gpu_tests.tgz.
 #   SWEEP=configs/mqar-paper.yaml DEADLINE_S=570 PACK=6 bash benchmarks/h200_mqar.sh
 # TESTS=0, ALONE=0 skip those parts (TEST_FILES: other test files); TESTS_BG=1 runs the GPU test
 # files of TEST_FILES_BG (default tests/gpu/test_*.py) beside the sweep, one process per file (their
 # Triton compiles use the CPU cores the graphed sweep leaves idle), logs and each file's errors
 # (GPU_ERRORS_JSON) in $OUT/gpu_tests/; PROFILE=1 adds benchmarks/mqar_step_profile.py first
 # (PROFILE_BACKENDS=torch,triton to compare the backends, PROFILE_PRECISIONS=highest,high fp32
-# against TF32 matmuls, PROFILE_S its time limit).
+# against TF32 matmuls, PROFILE_COMPILE=none,inductor eager against torch.compile'd steps,
+# PROFILE_MIXERS which mixers, PROFILE_S its time limit).
 set -o pipefail
 T0=$(date +%s)
 source benchmarks/device_preamble.sh
@@ -24,7 +26,9 @@ R=/tmp/results
 mkdir -p "$R/sweep"
 cp -r results/runs "$R/sweep/" 2>/dev/null
 # Training states of runs a previous call cut short (carried up in .resume-carry): they resume.
-if [ -d .resume-carry ]; then mkdir -p "$R/sweep/.resume" && cp -r .resume-carry/. "$R/sweep/.resume/"; fi
+if [ -f .resume-carry/resume.tgz ]; then
+    mkdir -p "$R/sweep/.resume" && tar xzf .resume-carry/resume.tgz -C "$R/sweep/.resume/"
+elif [ -d .resume-carry ]; then mkdir -p "$R/sweep/.resume" && cp -r .resume-carry/. "$R/sweep/.resume/"; fi
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
 ( while true; do sleep 20; tar czf "$OUT/records.tgz.tmp" --exclude=.resume -C "$R" . 2>/dev/null && mv "$OUT/records.tgz.tmp" "$OUT/records.tgz"; done ) &
@@ -62,7 +66,8 @@ fi
 if [ "${PROFILE:-0}" != 0 ]; then
     echo "== step profile (zoology model, eager vs graphed, top kernels)"
     timeout "${PROFILE_S:-150}" python3 -m benchmarks.mqar_step_profile --out "$LOGS/mqar_step_profile_h200.json" \
-        --backends "${PROFILE_BACKENDS:-torch}" --precisions "${PROFILE_PRECISIONS:-highest}" 2>&1 | tail -n 20 | tee "$LOGS/profile.log"
+        --backends "${PROFILE_BACKENDS:-torch}" --precisions "${PROFILE_PRECISIONS:-highest}" \
+        --compile "${PROFILE_COMPILE:-none}" --mixers "${PROFILE_MIXERS:-gdn,softmax,deltanet,mesa}" 2>&1 | tail -n 20 | tee "$LOGS/profile.log"
 fi
 for sweep in $SWEEP; do
     left=$(( DEADLINE_S - ($(date +%s) - T0) ))
@@ -78,11 +83,13 @@ done
 if [ ${#BG_TESTS[@]} -gt 0 ]; then
     wait "${BG_TESTS[@]}"
     for f in "$OUT"/gpu_tests/*.log; do echo "== $f"; grep -E "passed|failed|FAILED|Error" "$f" | tail -n 8; done
+    # One archive: a call brings back only so many files.
+    tar czf "$OUT/gpu_tests.tgz" -C "$OUT" gpu_tests && rm -rf "$OUT/gpu_tests"
 fi
 tar czf "$OUT/records.tgz" --exclude=.resume -C "$R" .
 for f in "$R"/sweep/.sweep/logs/*; do echo "== $f"; tail -n 3 "$f"; done 2>/dev/null | tail -n 60 >"$LOGS/workers_tail.log"
 if [ -n "$(ls -A "$R/sweep/.resume" 2>/dev/null)" ]; then
-    tar cf - -C "$R/sweep/.resume" . | split -b 15m - "$OUT/resume.tar.part-"
+    tar czf - -C "$R/sweep/.resume" . | split -b 15m - "$OUT/resume.tgz.part-"
 fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
 ls -la "$OUT"
