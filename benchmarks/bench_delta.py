@@ -29,9 +29,11 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.timing import rel_diff, save_record, time_fwd_fwdbwd
+from kernels.common.launch import launch_settings, settings_in_effect  # noqa: E402
 from kernels.delta_rule.triton_op import delta_rule_triton  # noqa: E402
 from kernels.gated_delta_rule import triton_op as gdn_op  # noqa: E402
-from kernels.gated_delta_rule.triton_tuning import TUNING  # noqa: E402
+
+DELTA_OPS = ("delta_rule", "gated_delta_rule")
 
 
 def make_inputs(B, T, H, D, seed=0):
@@ -120,7 +122,7 @@ def kernel_breakdown(q, k, v, g, beta, do, scale):
         "wy_fwd": lambda: triton_wy.wy_fwd(k, v, beta, g),
         "state_fwd": lambda: triton_fwd.state_fwd(k, w, u0, gam, None, False),
         "output_fwd": lambda: triton_fwd.output_fwd(q, k, u, h, gam, scale),
-        # the two above in one pass (TUNING["fused_fwd"]), to compare with their sum
+        # the two above in one pass (DeltaLaunch.fused_fwd), to compare with their sum
         "state_output_fused": lambda: triton_fwd.state_fwd(k, w, u0, gam, None, False, q, scale),
         "du_local": lambda: triton_bwd.du_local(q, k, do, gam, scale),
         "state_bwd": lambda: triton_bwd.state_bwd(q, k, w, do, du.clone(), gam, None, scale, False),
@@ -138,12 +140,17 @@ def main():
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--D", type=int, default=128)
     ap.add_argument("--skip", nargs="*", default=[], help="leave out comparisons: fla, sdpa")
-    ap.add_argument("--tune", default="", help='JSON overrides of TUNING, e.g. {"state_fwd": {"BV": 32}}')
-    ap.add_argument("--variants", default="", help="JSON list of TUNING overrides timed per kernel")
+    ap.add_argument("--tune", default="", help='JSON changes of DeltaLaunch (kernels/common/launch.py) for the '
+                    'whole run, e.g. {"state_fwd": {"BV": 32}}')
+    ap.add_argument("--variants", default="", help="JSON list of DeltaLaunch changes timed per kernel")
     ap.add_argument("--variants-T", type=int, nargs="*", default=[8192, 32768], help="T values to time variants at")
     args = ap.parse_args()
-    for name, over in (json.loads(args.tune) if args.tune else {}).items():
-        TUNING[name].update(over)
+    tune = json.loads(args.tune) if args.tune else {}
+    with launch_settings(**{op: tune for op in DELTA_OPS}):
+        run(args)
+
+
+def run(args):
     import importlib.metadata as md
 
     versions = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()}
@@ -154,7 +161,8 @@ def main():
     record = {
         "what": "Triton delta rule / GDN (this repo) vs FLA 0.6.0 chunk kernels and causal SDPA; "
         "median ms (triton.testing.do_bench); bf16, B*T=%d, H=%d, K=V=%d" % (args.tokens, args.H, args.D),
-        "device": torch.cuda.get_device_name(), "versions": versions, "tuning": TUNING,
+        "device": torch.cuda.get_device_name(), "versions": versions,
+        "tuning": settings_in_effect(["gated_delta_rule"])["gated_delta_rule"],
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": [],
     }
     for T in args.T:
@@ -181,17 +189,13 @@ def main():
         variants = json.loads(args.variants) if args.variants and T in args.variants_T else []
         o_default = cands["ours_gdn"][0]().detach() if variants else None
         for over in variants:
-            saved = {n: dict(c) for n, c in TUNING.items()}
-            for name, o in over.items():
-                TUNING[name].update(o)
-            # how far the variant moves the output (e.g. a tf32 solve against the fp32 one)
-            o_vs_default = rel_diff(cands["ours_gdn"][0]().detach(), o_default)
-            row.setdefault("variants", []).append(
-                {"tuning": over, "o_vs_default": o_vs_default, "kernels_ms": kernel_breakdown(q, k, v, g, beta, do, scale)})
+            with launch_settings(**{op: over for op in DELTA_OPS}):
+                # how far the variant moves the output (e.g. a tf32 solve against the fp32 one)
+                o_vs_default = rel_diff(cands["ours_gdn"][0]().detach(), o_default)
+                row.setdefault("variants", []).append(
+                    {"tuning": over, "o_vs_default": o_vs_default,
+                     "kernels_ms": kernel_breakdown(q, k, v, g, beta, do, scale)})
             print(T, "variant", row["variants"][-1], flush=True)
-            for n, c in saved.items():
-                TUNING[n].clear()
-                TUNING[n].update(c)
         print(T, "ratios", ratios, "\n   check", row["cross_check"], "\n   kernels", row["kernels_ms"], flush=True)
         record["rows"].append(row)
         del cands, q, k, v, g, beta, do

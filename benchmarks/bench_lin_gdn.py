@@ -12,7 +12,7 @@ beta = sigmoid(N(0, 1)). For each T, median ms (triton.testing.do_bench) of fwd 
     prep_torch   the same formulas in torch (running_mean_torch, fp32: the former path)
 with the peak extra memory of each fwd+bwd, the ratios lin_gdn / gdn and prep / lin_gdn, and
 prep_triton against prep_torch (relative errors of the outputs). --variants times the
-preprocessing under other launch settings (triton_prep.TUNING). The JSON is rewritten after
+preprocessing under other launch settings (PrepLaunch changes, kernels/common/launch.py). The JSON is rewritten after
 every T, so a run cut short keeps what it measured. Needs CUDA; imports nothing CUDA-specific
 at import time.
 """
@@ -20,6 +20,7 @@ at import time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -76,28 +77,36 @@ def main():
     ap.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 32768])
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--D", type=int, default=128)
-    ap.add_argument("--tune", default="", help='JSON overrides of triton_prep.TUNING, e.g. {"tile_elems": 8192}')
-    ap.add_argument("--variants", default="", help="JSON list of TUNING overrides; prep_triton timed under each")
+    ap.add_argument("--tune", default="", help='JSON PrepLaunch changes (kernels/common/launch.py) for the '
+                    'whole run, e.g. {"tile_elems": 8192}')
+    ap.add_argument("--variants", default="", help="JSON list of PrepLaunch changes; prep_triton timed under each")
     args = ap.parse_args()
 
+    from kernels.common.launch import launch_settings
+
+    with launch_settings(linearized_softmax_gdn={"prep": json.loads(args.tune) if args.tune else {}}):
+        run(args)
+
+
+def run(args):
     import triton
 
+    from kernels.common.launch import launch_settings
     from kernels.linearized_softmax_gdn import triton_prep
 
-    triton_prep.TUNING.update(json.loads(args.tune) if args.tune else {})
     record = {
         "what": "Triton linearized softmax GDN vs the Triton GDN it runs on, and its preprocessing alone; "
         f"median ms (triton.testing.do_bench); bf16, B*T={args.tokens}, H={args.H}, K=V={args.D}",
         "device": torch.cuda.get_device_name(),
         "versions": {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
-        "prep_tuning": dict(triton_prep.TUNING), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": [],
+        "prep_tuning": dataclasses.asdict(triton_prep.prep_launch()), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": [],
     }
     for T in args.T:
         B = max(1, args.tokens // T)
         q, k, v, g, beta, _ = make_inputs(B, T, args.H, args.D)
         cands = candidates(q, k, v, g, beta)
         row = {"B": B, "T": T, "H": args.H, "D": args.D, "times": {}, "ratios": {}}
-        row["blocks_BT_BD"] = triton_prep.launch_blocks(B * args.H, args.D, T)
+        row["blocks_BT_BD"] = triton_prep.launch_blocks(B * args.H, args.D, T, triton_prep.prep_launch())
         for name, (fwd, leaves) in cands.items():
             row["times"][name] = time_fwd_fwdbwd(fwd, leaves)
             print(T, name, row["times"][name], flush=True)
@@ -108,13 +117,10 @@ def main():
                     row["ratios"][f"{num}/{den}:{key}"] = t[num][key] / t[den][key]
         row["prep_triton_vs_torch"] = prep_check(cands)
         for over in json.loads(args.variants) if args.variants else []:
-            saved = dict(triton_prep.TUNING)
-            triton_prep.TUNING.update(over)
-            row.setdefault("prep_variants", []).append(
-                {"tuning": over, "blocks_BT_BD": triton_prep.launch_blocks(B * args.H, args.D, T),
-                 **time_fwd_fwdbwd(*cands["prep_triton"])})
-            triton_prep.TUNING.clear()
-            triton_prep.TUNING.update(saved)
+            with launch_settings(linearized_softmax_gdn={"prep": over}):
+                row.setdefault("prep_variants", []).append(
+                    {"tuning": over, "blocks_BT_BD": triton_prep.launch_blocks(B * args.H, args.D, T, triton_prep.prep_launch()),
+                     **time_fwd_fwdbwd(*cands["prep_triton"])})
             print(T, "variant", row["prep_variants"][-1], flush=True)
         print(T, "ratios", row["ratios"], "\n   check", row["prep_triton_vs_torch"], flush=True)
         record["rows"].append(row)

@@ -131,7 +131,7 @@ def bench_step(results: dict) -> None:
 
 def pipeline_kernels(op: str, T: int) -> dict:
     """Zero-argument calls of each kernel of our pipeline for `op` at one T (inputs made
-    once; intermediate inputs computed with the current LAUNCH settings)."""
+    once; intermediate inputs computed with the launch settings in effect)."""
     from kernels.common.triton.cumsum import chunk_local_cumsum
     from kernels.common.triton.fused_forward import chunk_fwd_fused
     from kernels.common.triton.gates import LOG2E
@@ -169,41 +169,35 @@ def pipeline_kernels(op: str, T: int) -> dict:
 
 def bench_breakdown(results: dict, Ts: list[int], ops: list[str], variants: list[dict]) -> None:
     """Median time of each kernel of our pipeline (where the time goes), with the default
-    LAUNCH settings and with each variant (a dict of LAUNCH overrides, e.g.
-    {"fwd_states": {"BK": 128, "min_BV": 32}}); each variant's kernel outputs are compared
-    with the default's."""
+    launch settings and with each variant (a dict of ChunkLaunch changes, kernels/common/launch.py,
+    e.g. {"fwd_states": {"BK": 128, "min_BV": 32}}, applied to linear_attention and
+    gated_linear_attention alike); each variant's kernel outputs are compared with the default's."""
     from triton.testing import do_bench
 
-    from kernels.common.triton.launch import LAUNCH
+    from kernels.common.launch import launch_settings
     from kernels.gated_linear_attention.triton_vector import path_shares
 
-    default = {name: dict(cfg) for name, cfg in LAUNCH.items()}
     for T in Ts:
         for op in ops:
             steps = pipeline_kernels(op, T)
             ref = {name: fn().float() for name, fn in steps.items()}
             for variant in [{}] + variants:
-                for name, over in variant.items():
-                    LAUNCH[name].update(over)
+                row = {"op": op, "T": T, "B": TOKENS // T, "variant": variant}
                 try:
-                    row = {"op": op, "T": T, "B": TOKENS // T, "variant": variant}
-                    if op.startswith("gla_vector"):
-                        q, _, _, g = make_inputs(T, op, seed=1)
-                        row["paths"] = path_shares(g, q.dtype)
-                        del q, g
-                    for name, fn in steps.items():
-                        if variant and not any(name.startswith(v) or v.startswith(name) for v in variant):
-                            continue  # a variant times only the kernels it changes
-                        out = fn().float()
-                        row[name + "_ms"] = do_bench(fn, warmup=10, rep=50, return_mode="median")
-                        if variant:
-                            row[name + "_rel_diff"] = rel_diff(out, ref[name])
+                    with launch_settings(linear_attention=variant, gated_linear_attention=variant):
+                        if op.startswith("gla_vector"):
+                            q, _, _, g = make_inputs(T, op, seed=1)
+                            row["paths"] = path_shares(g, q.dtype)
+                            del q, g
+                        for name, fn in steps.items():
+                            if variant and not any(name.startswith(v) or v.startswith(name) for v in variant):
+                                continue  # a variant times only the kernels it changes
+                            out = fn().float()
+                            row[name + "_ms"] = do_bench(fn, warmup=10, rep=50, return_mode="median")
+                            if variant:
+                                row[name + "_rel_diff"] = rel_diff(out, ref[name])
                 except Exception as exc:  # noqa: BLE001 - a setting that does not compile: say so, go on
                     row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                finally:
-                    for name, cfg in default.items():
-                        LAUNCH[name].clear()
-                        LAUNCH[name].update(cfg)
                 results["breakdown"].append(row)
                 print("breakdown", json.dumps(row), flush=True)
             del steps, ref
@@ -221,7 +215,8 @@ def main() -> None:
     parser.add_argument("--breakdown-T", type=int, nargs="*", default=[8192],
                         help="T of the per-kernel breakdown (none: no breakdown)")
     parser.add_argument("--variants", default="[]",
-                        help='JSON list of LAUNCH overrides timed in the breakdown, e.g. [{"fwd_states": {"BK": 128}}]')
+                        help='JSON list of ChunkLaunch changes (kernels/common/launch.py) timed in the breakdown, '
+                             'e.g. [{"fwd_states": {"BK": 128}}]')
     parser.add_argument("--breakdown-first", action="store_true", help="run the breakdown before the rows")
     args = parser.parse_args()
 

@@ -38,20 +38,21 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.mesa_states_sweep import states_sweep
+from benchmarks.mesa_states_sweep import flat_settings, mesa_changes, states_sweep
 from benchmarks.timing import rel_diff, save_record, time_fwd_fwdbwd
+from kernels.common import launch as kl
 from kernels.common.chunking import split_chunks
-from kernels.mesa import triton_function as tf
 from kernels.mesa import triton_solve
 from kernels.mesa.cg import _exact_solution, cg_residual_curve
 from kernels.mesa.chunked import mesa_chunked
 from kernels.mesa.state import MesaState
 from kernels.mesa.triton_op import mesa_triton
-from kernels.mesa.triton_solve import SolveLaunch, mesa_bwd_solve, mesa_fwd_solve
-from kernels.mesa.triton_states import StateLaunch, mesa_fwd_states
+from kernels.mesa.triton_solve import mesa_bwd_solve, mesa_fwd_solve
+from kernels.mesa.triton_states import mesa_fwd_states
 
 CG_STEPS = 30
-# the TUNING entries a sweep variant sets (a variant leaving one out takes TUNING's)
+# the settings a sweep variant sets, by their flat names (mesa_states_sweep.FLAT_KEYS; a
+# variant leaving one out takes the one in effect)
 SWEEP_KEYS = ("rows", "bwd_rows", "solve_warps", "weights_scan", "diag_prec", "cg_operands")
 FAST_PROLOGUE = {"weights_scan": 1, "diag_prec": "cg"}  # no fp32 FMA dots before the CG loop
 VARIANTS = [  # settings of the CG kernels tried in the sweep; the first is the reference of the checks
@@ -79,26 +80,10 @@ def make_inputs(B, T, H, D, seed=0, lamb_lo=0.25):
     return [q, k, v, g, beta, lamb], do
 
 
-def tuning_over(over) -> dict:
-    """TUNING overrides of a sweep variant: its rows are both solves' (bwd_rows too)."""
-    over = dict(over or {})
-    if "rows" in over:
-        over.setdefault("bwd_rows", over["rows"])
-    return over
-
-
-class Tuned:
-    """Temporarily apply TUNING overrides (tuning_over)."""
-
-    def __init__(self, over):
-        self.over, self.saved = tuning_over(over), dict(tf.TUNING)
-
-    def __enter__(self):
-        tf.TUNING.update(self.over)
-
-    def __exit__(self, *exc):
-        tf.TUNING.clear()
-        tf.TUNING.update(self.saved)
+def Tuned(over):
+    """The block under a sweep variant's settings (flat keys, mesa_changes: its rows are both
+    solves' unless it names bwd_rows)."""
+    return kl.launch_settings(mesa=mesa_changes(over))
 
 
 def ours_fn(leaves, scale):
@@ -125,15 +110,18 @@ def compiled_info(name):
 
 
 def settings(over=None):
-    """The SWEEP_KEYS of TUNING, with overrides (a variant's rows set bwd_rows unless it names it)."""
-    over = tuning_over(over)
-    return {k: over.get(k, tf.TUNING[k]) for k in SWEEP_KEYS}
+    """The SWEEP_KEYS of the mesa settings in effect, with a variant's changes."""
+    with Tuned(over):
+        flat = flat_settings()
+    return {k: flat[k] for k in SWEEP_KEYS}
 
 
 def launch_of(over=None, backward=False):
-    """The solve kernels' SolveLaunch for TUNING with overrides (the backward's with
-    backward=True: TUNING's bwd_rows; a sweep variant's rows set both)."""
-    return SolveLaunch.from_tuning({**tf.TUNING, **tuning_over(over)}, backward=backward)
+    """The solve kernels' SolveLaunch in effect with a variant's changes (the backward's
+    with backward=True)."""
+    with Tuned(over):
+        current = kl.settings("mesa")
+    return current.bwd_solve if backward else current.fwd_solve
 
 
 def dump_asm(folder, tag):
@@ -203,13 +191,13 @@ def sweep(T, H, D, tokens, asm_dir=None):
 
 
 def kernel_breakdown(leaves, do, scale):
-    """Median ms of each stage of ours (current TUNING settings)."""
+    """Median ms of each stage of ours (the launch settings in effect)."""
     from kernels.mesa.triton_grads import mesa_bwd_grads
     from kernels.mesa.triton_solve import mesa_bwd_solve
     from kernels.mesa.triton_states import mesa_bwd_states
 
     q, k, v, g, beta, lamb = (x.detach() for x in leaves)
-    launch, bwd_launch, states = launch_of(), launch_of(backward=True), StateLaunch.from_tuning(tf.TUNING)
+    launch, bwd_launch, states = launch_of(), launch_of(backward=True), kl.settings("mesa").states
     h_kk, _ = mesa_fwd_states(k, k, g, beta, None, False, 64, "tf32", states)
     h_kv, _ = mesa_fwd_states(k, v, g, beta, None, False, 64, "tf32", states)
     q_star, _ = mesa_fwd_solve(q, k, v, g, beta, lamb, h_kk, h_kv, scale, CG_STEPS, None, 64, "tf32", "tf32", launch)
@@ -227,7 +215,7 @@ def kernel_breakdown(leaves, do, scale):
         "bwd_states_x2": lambda: (mesa_bwd_states(y, q_star, g, h_kk, None, -1.0, False, 64, "tf32", states),
                                   mesa_bwd_states(q_star, do, g, h_kv, None, 1.0, False, 64, "tf32", states)),
         "bwd_grads": lambda: mesa_bwd_grads(k, v, g, beta, q_star, y, do, dh_kk, dh_kv, e, d1 + d2, 64, "tf32",
-                                            num_warps=int(tf.TUNING["grads_warps"])),
+                                            num_warps=kl.settings("mesa").grads.num_warps),
     }
     return {name: do_bench(fn, warmup=5, rep=30, return_mode="median") for name, fn in steps.items()}
 
@@ -256,7 +244,7 @@ def residual_curves(D, counts):
 
 
 def accuracy(over, D):
-    """Errors of ours (with TUNING overrides `over`) vs the fp64 chunked form, same cg_steps."""
+    """Errors of ours (under a variant's settings `over`) vs the fp64 chunked form, same cg_steps."""
     leaves, _ = make_inputs(1, SMALL_T, SMALL_H, D, seed=5)
     gen = torch.Generator(device=DEVICE).manual_seed(9)
     state = [torch.randn(1, SMALL_H, D, D, device=DEVICE, generator=gen) / D,
@@ -284,17 +272,22 @@ def main():
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--D", type=int, default=128)
     ap.add_argument("--skip", nargs="*", default=[], help="sections to leave out: sweep curve accuracy fla")
-    ap.add_argument("--tune", default="", help='JSON overrides of the default TUNING, e.g. {"rows": 32}')
+    ap.add_argument("--tune", default="", help='JSON settings (flat keys, mesa_states_sweep.FLAT_KEYS) for the '
+                    'whole run, e.g. {"rows": 32}')
     ap.add_argument("--variants", default="", help='JSON list replacing VARIANTS, e.g. [{"rows": 32, '
-                    '"solve_warps": 8}] (keys of SWEEP_KEYS, others from TUNING; the first is the '
+                    '"solve_warps": 8}] (keys of SWEEP_KEYS, others as in effect; the first is the '
                     'reference of the checks)')
-    ap.add_argument("--states-variants", default="", help='JSON list of state-pass TUNING overrides timed '
+    ap.add_argument("--states-variants", default="", help='JSON list of state-pass settings (flat keys) timed '
                     'per T of --states-T (benchmarks/mesa_states_sweep.py; the first is the reference), '
                     'e.g. [{}, {"states_BK": 128}]; the best joins the fast settings')
     ap.add_argument("--states-T", type=int, nargs="+", default=[2048, 32768])
     ap.add_argument("--asm", default="", help="folder for the TTGIR and cubin of each sweep variant's kernels")
     args = ap.parse_args()
-    tf.TUNING.update(json.loads(args.tune) if args.tune else {})
+    with Tuned(json.loads(args.tune) if args.tune else {}):
+        run(args)
+
+
+def run(args):
     if args.variants:
         VARIANTS[:] = json.loads(args.variants)
     import importlib.metadata as md
@@ -308,7 +301,7 @@ def main():
         "variants": VARIANTS,
         "what": "Triton MesaNet (this repo) vs FLA 0.6.0 chunk_mesa_net; median ms (triton.testing.do_bench); "
         f"bf16 q/k/v, fp32 g/beta/lamb, B*T={args.tokens}, H={args.H}, K=V={args.D}, {CG_STEPS} CG iterations",
-        "device": torch.cuda.get_device_name(), "versions": versions, "tuning_default": dict(tf.TUNING),
+        "device": torch.cuda.get_device_name(), "versions": versions, "tuning_default": kl.settings_in_effect(["mesa"])["mesa"],
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": [],
     }
     def save():

@@ -7,7 +7,7 @@
 #   bash benchmarks/h200_kernels.sh            # with carry=[".whl"]; results land in $OUT
 #
 # DELTA_S / LINEAR_S: seconds for each stage (defaults 170 / 330).
-# VARIANTS: JSON list of TUNING overrides timed per kernel at T = 8192 (bench_delta.py --variants;
+# VARIANTS: JSON list of DeltaLaunch changes (kernels/common/launch.py) timed per kernel at T = 8192 (bench_delta.py --variants;
 # none by default: the variants of 2026-11-29 are adopted, results/bench/h200_delta.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Linear attention / GLA on one H200 in one device call: GPU correctness tests, the per-kernel
-# breakdown with LAUNCH variants (bench_linear_gla.py --variants) and the decode steps, then
+# breakdown with launch-setting variants (bench_linear_gla.py --variants) and the decode steps, then
 # the side-by-side rows with FLA 0.6.0. Each stage has its own time limit and the JSONs are
 # rewritten after every measurement, so a cut stage keeps what it measured.
 #
@@ -18,7 +18,7 @@
 # TESTS_S / LIN_GDN_S / TUNE_S / ROWS_S: stage limits (s); TESTS: the GPU test files;
 # ROWS_OPS / ROWS_T / ROWS_FLA / TUNE_OPS / TUNE_T: ops and lengths (ROWS_FLA: the ops timed
 # with FLA beside ours; empty: ours only).
-# VARIANTS: JSON list of LAUNCH overrides (kernels/common/triton/launch.py).
+# VARIANTS: JSON list of ChunkLaunch changes (kernels/common/launch.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/h200_linear_gla_out}

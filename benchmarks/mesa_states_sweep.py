@@ -2,8 +2,8 @@
 bench_mesa.py (--states-variants).
 
 Per T: the median ms of both forward state passes (H_kk and H_kv) and both backward ones
-for each variant of StateLaunch's TUNING keys (states_BK, states_BD, states_min_BD,
-states_min_programs, state_warps, states_stages), with each variant's states and gradients
+for each variant of the state passes' settings (flat keys states_BK, states_BD, states_min_BD,
+states_min_programs, state_warps, states_stages: mesa_changes), with each variant's states and gradients
 checked against the first variant's (the same sums in the same order per block, so they
 agree to rounding). The correct variant with the least total time over every T is "best".
 """
@@ -14,10 +14,55 @@ import torch
 from triton.testing import do_bench
 
 from benchmarks.timing import rel_diff
-from kernels.mesa import triton_function as tf
-from kernels.mesa.triton_states import StateLaunch, mesa_bwd_states, mesa_fwd_states
+from kernels.common.launch import settings, with_changes
+from kernels.mesa.triton_states import mesa_bwd_states, mesa_fwd_states
 
 CHUNK = 64
+
+# the benchmarks' flat names of MesaLaunch settings (kernels/common/launch.py): field paths
+# ("both": fwd_solve and bwd_solve alike)
+FLAT_KEYS = {
+    "prec": ("prec",), "cg_prec": ("cg_prec",),
+    "rows": ("both", "rows"), "bwd_rows": ("bwd_solve", "rows"), "solve_warps": ("both", "num_warps"),
+    "weights_scan": ("both", "weights_scan"), "diag_prec": ("both", "diag_cg_prec"),
+    "cg_operands": ("both", "operands"),
+    "states_BK": ("states", "max_BK"), "states_BD": ("states", "max_BD"), "states_min_BD": ("states", "min_BD"),
+    "states_min_programs": ("states", "min_programs"), "state_warps": ("states", "num_warps"),
+    "states_stages": ("states", "num_stages"), "grads_warps": ("grads", "num_warps"),
+}
+
+
+def mesa_changes(flat) -> dict:
+    """MesaLaunch changes (for launch_settings(mesa=...)) from a flat variant such as
+    {"rows": 32, "cg_operands": "fp32"}: rows sets both solves' rows unless bwd_rows is
+    given, diag_prec "cg" is diag_cg_prec on. Unknown keys raise ValueError."""
+    changes: dict = {}
+    for key, value in (flat or {}).items():
+        if key not in FLAT_KEYS:
+            raise ValueError(f"unknown mesa setting {key!r}; known: {sorted(FLAT_KEYS)}")
+        if key == "diag_prec":
+            value = value == "cg"
+        path = FLAT_KEYS[key]
+        if len(path) == 1:
+            changes[path[0]] = value
+            continue
+        for part in ("fwd_solve", "bwd_solve") if path[0] == "both" else (path[0],):
+            if key == "rows" and part == "bwd_solve" and "bwd_rows" in flat:
+                continue
+            changes.setdefault(part, {})[path[1]] = value
+    return changes
+
+
+def flat_settings() -> dict:
+    """The mesa settings in effect under the flat names of FLAT_KEYS."""
+    cur = settings("mesa")
+    out = {}
+    for key, path in FLAT_KEYS.items():
+        obj = cur.fwd_solve if path[0] == "both" else cur
+        for part in path if path[0] != "both" else path[1:]:
+            obj = getattr(obj, part)
+        out[key] = ("cg" if obj else "ieee") if key == "diag_prec" else obj
+    return out
 
 
 def _passes(k, v, g, beta, q_star, y, do, launch):
@@ -39,7 +84,7 @@ def _passes(k, v, g, beta, q_star, y, do, launch):
 
 def states_sweep(make_inputs, Ts, H, D, tokens, variants):
     """Records per variant ({"T": {T: {fwd_states_x2_ms, bwd_states_x2_ms, ...}}}) and the
-    best variant's TUNING overrides (None when no variant passed the check).
+    best variant's flat settings (mesa_changes; None when no variant passed the check).
     make_inputs(B, T, H, D) -> ([q, k, v, g, beta, lamb], do) as bench_mesa's."""
     out = [{"variant": dict(over), "T": {}} for over in variants]
     for T in Ts:
@@ -50,7 +95,7 @@ def states_sweep(make_inputs, Ts, H, D, tokens, variants):
         first = None
         for rec, over in zip(out, variants):
             try:
-                launch = StateLaunch.from_tuning({**tf.TUNING, **over})
+                launch = with_changes(settings("mesa"), mesa_changes(over)).states
                 fwd, bwd, fwd_out = _passes(k, v, g, beta, q_star, y, do, launch)
                 got = [t for out in (fwd_out, bwd()) for pair in out for t in pair if t is not None]
                 first = first or got

@@ -16,6 +16,7 @@ from harness.config import config_hash
 from harness.envinfo import device_name, git_commit, versions
 from harness.records import RunRecord, artifact_dir, write_record
 from harness.tracking import Tracker, table_rows
+from kernels.common.launch import recording_launches
 from tasks.base import NullProgress, Progress, RunContext, RunDiverged, RunOutOfMemory, Task, learned_metrics
 from tasks.common.checkpoint import CHECKPOINT_FILE
 from tasks.common.resume import clear_state
@@ -88,8 +89,10 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
         tags=[spec.task.name, spec.mixer, spec.device.type], job_type=spec.task.name,
     )
     metrics, details, artifacts, backend, error = {}, {}, [], None, None
+    launches: dict = {}
     try:
-        result = spec.task().run(ctx)
+        with recording_launches() as launches:  # the launch settings of every Triton op the run uses
+            result = spec.task().run(ctx)
         metrics, details, artifacts, backend = result.metrics, result.details, result.artifacts, result.backend
         status = "ok"
         metrics = {**metrics, **learned_metrics(spec.task, spec.config, metrics)}
@@ -110,6 +113,7 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
         artifacts=[f"{run_id}/{a}" for a in artifacts], backend=backend, device=device_name(spec.device),
         versions=versions(), git_commit=commit, seed=spec.seed, started=started, finished=_now(),
         duration_s=time.perf_counter() - t0, status=status, error=error, wandb=tracking,
+        launch=launches or None,
     )
     path = write_record(results, record)
     if status in ("ok", "diverged"):  # done for good; a failed or oom run may resume on a retry

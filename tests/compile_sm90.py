@@ -168,34 +168,29 @@ def run_ops() -> None:
         print(f"compile_sm90: {name}", flush=True)
         backward(call())
     # the options that are off by default, each on the ops that use it
-    from kernels.common.triton.launch import LAUNCH
-    from kernels.gated_delta_rule.triton_tuning import TUNING as DELTA_TUNING
-    from kernels.mesa.triton_function import TUNING as MESA_TUNING
+    from kernels.common.launch import launch_settings
 
-    options = [  # (label, the settings dict it overrides, the overrides, the ops that use it)
-        ("one backward launch, 16-row sub-chunks", LAUNCH["bwd_dqkg"], {"split_paths": 0, "sub_chunk": 16},
+    gla = "gated_linear_attention"
+    fused_delta = {"fused_fwd": {"enabled": True, "min_heads": 1}}
+    options = [  # (label, the launch_settings overrides, the ops that use it)
+        ("one backward launch, 16-row sub-chunks", {gla: {"bwd_dqkg": {"split_paths": False, "sub_chunk": 16}}},
          ["gla_vector"]),
-        ("vector segments", LAUNCH["fwd_fused_vector"], {"segment_programs": 1056}, ["gla_vector"]),
-        ("16-row sub-chunks (forward)", LAUNCH["intra_A"], {"sub_chunk": 16}, ["gla_vector"]),
-        *[(f"{entry} inter_after", LAUNCH[entry], {"inter_after": 1}, ["gla_vector"])
+        ("vector segments", {gla: {"fwd_fused_vector": {"segment_programs": 1056}}}, ["gla_vector"]),
+        ("16-row sub-chunks (forward)", {gla: {"intra_A": {"sub_chunk": 16}}}, ["gla_vector"]),
+        *[(f"{entry} inter_after", {gla: {entry: {"inter_after": True}}}, ["gla_vector"])
           for entry in ("bwd_dqkg", "bwd_dqkg_sub", "bwd_dqkg_exact")],
-        ("fused delta forward", DELTA_TUNING["fused_fwd"], {"enabled": 1, "min_heads": 1},
+        ("fused delta forward", {"delta_rule": fused_delta, "gated_delta_rule": fused_delta},
          ["delta_rule", "gated_delta_rule"]),
-        ("cg_operands=fp32", MESA_TUNING, {"cg_operands": "fp32"}, ["mesa"]),
-        ("cg_operands=fp16_normed", MESA_TUNING, {"cg_operands": "fp16_normed"}, ["mesa"]),
-        ("mesa state passes 128 x 32, 8 warps, 3 stages", MESA_TUNING,
-         {"states_BK": 128, "states_BD": 32, "state_warps": 8, "states_stages": 3}, ["mesa"]),
+        *[(f"cg_operands={operands}", {"mesa": {"fwd_solve": {"operands": operands}, "bwd_solve": {"operands": operands}}},
+           ["mesa"]) for operands in ("fp32", "fp16_normed")],
+        ("mesa state passes 128 x 32, 8 warps, 3 stages",
+         {"mesa": {"states": {"max_BK": 128, "max_BD": 32, "num_warps": 8, "num_stages": 3}}}, ["mesa"]),
     ]
-    for label, settings, over, names in options:
-        saved = dict(settings)
-        settings.update(over)
-        try:
+    for label, over, names in options:
+        with launch_settings(**over):
             for name in names:
                 print(f"compile_sm90: {name} with {label}", flush=True)
                 backward(calls[name]())
-        finally:
-            settings.clear()
-            settings.update(saved)
     # the fused one-token decode step: every gate kind, with and without the delta rule
     from kernels.common.triton.step import fused_step
 

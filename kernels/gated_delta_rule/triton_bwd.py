@@ -23,7 +23,7 @@ import triton.language as tl
 from kernels.common.triton.gates import anticausal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
-from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING
+from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -103,12 +103,12 @@ def du_local(
     B, T, H, K = q.shape
     V = do.shape[-1]
     du = new_buffer((B, T, H, V), do.dtype, do.device)
-    cfg = TUNING["du_local"]
-    BV = block_size(V, cfg["BV"])
+    cfg = delta_launch(gam is not None).du_local
+    BV = block_size(V, cfg.BV)
     du_local_kernel[(triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)](
         q, k, do, gam if gam is not None else q, du, scale, T,
-        H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg["BK"]), BV=BV, USE_G=gam is not None,
-        PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
+        PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return du
 
@@ -126,14 +126,14 @@ def state_bwd(
     dev = q.device
     dh = new_buffer((B, H, NT, K, V), q.dtype, dev)
     dh0 = new_buffer((B, H, K, V), torch.float32, dev) if need_dh0 else None
-    cfg = TUNING["state_bwd"]
-    seq = TUNING["seq"]
-    BV = sequential_block_v(V, cfg["BV"], seq["min_BV"], seq["min_waves"], B * H, dev)
+    launch = delta_launch(gam is not None)
+    cfg = launch.state_bwd
+    BV = sequential_block_v(V, cfg.BV, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
     state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, do, du, gam if gam is not None else q, dh, dht if dht is not None else q,
         dh0 if dh0 is not None else q, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_DHT=dht is not None,
         STORE_DH0=need_dh0, PREC=dot_precision(q.dtype),
-        num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dh, dh0

@@ -30,7 +30,7 @@ import triton.language as tl
 from kernels.common.triton.gates import anticausal_decay, causal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile, store_vec
 from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
-from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING
+from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
 @triton.jit(do_not_specialize=["T", "NT", "BTH"])
@@ -112,8 +112,8 @@ def dqkw(
     BT = chunk_size
     NT = triton.cdiv(T, BT)
     dev = q.device
-    cfg = TUNING["dqkw"]
-    BK = block_size(K, cfg["BK"])
+    cfg = delta_launch(gam is not None).dqkw
+    BK = block_size(K, cfg.BK)
     NK = triton.cdiv(K, BK)
     dq = new_buffer((B, T, H, K), q.dtype, dev)
     dk = new_buffer((B, T, H, K), torch.float32, dev)
@@ -122,7 +122,7 @@ def dqkw(
     dqkw_kernel[(NK, NT, B * H)](
         q, k, u, h, dh, do, du, gam if gam is not None else q, dq, dk, dw,
         dgam if dgam is not None else q, scale, T, NT, B * T * H,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg["BV"]), USE_G=gam is not None,
-        PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg.BV), USE_G=gam is not None,
+        PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dq, dk, dw, dgam

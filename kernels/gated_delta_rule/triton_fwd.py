@@ -6,7 +6,7 @@
               with Kd = K ⊙ 2^{gamma_C - gamma}.
   output_fwd  grid (V-blocks, chunks, heads), in parallel:
                   O = diag(2^gamma) Q S_n + (Q K^T ⊙ Gamma) U,  Gamma lower, diagonal included.
-  state_fwd with the output fused (TUNING["fused_fwd"]): the state pass also writes O for
+  state_fwd with the output fused (DeltaLaunch.fused_fwd): the state pass also writes O for
               each chunk as it goes, from S_n and U rounded to the stored dtype exactly as
               output_fwd reads them back (same results), saving output_fwd's reads of h, q,
               k and U at the price of fewer programs: for many sequences of heads.
@@ -25,7 +25,7 @@ import triton.language as tl
 from kernels.common.triton.gates import causal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
-from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING
+from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -102,10 +102,11 @@ def output_fwd_kernel(
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
-def fused_output_applies(n_heads: int) -> bool:
-    """Whether the forward runs state_fwd with the output fused for n_heads = B * H."""
-    cfg = TUNING["fused_fwd"]
-    return bool(cfg["enabled"]) and n_heads >= cfg["min_heads"]
+def fused_output_applies(n_heads: int, gated: bool) -> bool:
+    """Whether the forward runs state_fwd with the output fused for n_heads = B * H, under
+    the launch settings in effect (of gated_delta_rule if gated, else delta_rule)."""
+    cfg = delta_launch(gated).fused_fwd
+    return cfg.enabled and n_heads >= cfg.min_heads
 
 
 def state_fwd(
@@ -125,15 +126,15 @@ def state_fwd(
     u = new_buffer((B, T, H, V), dt, dev)
     ht = new_buffer((B, H, K, V), torch.float32, dev) if output_final_state else None
     o = new_buffer((B, T, H, V), dt, dev) if q is not None else None
-    cfg = TUNING["fused_fwd" if q is not None else "state_fwd"]
-    seq = TUNING["seq"]
-    BV = sequential_block_v(V, cfg["BV"], seq["min_BV"], seq["min_waves"], B * H, dev)
+    launch = delta_launch(gam is not None)
+    cfg = launch.fused_fwd if q is not None else launch.state_fwd
+    BV = sequential_block_v(V, cfg.BV, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u, gam if gam is not None else k, h, h0 if h0 is not None else k,
         ht if ht is not None else k, q if q is not None else k, o if o is not None else u, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt), FUSE_OUTPUT=q is not None,
-        num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return h, u, ht, o
 
@@ -148,11 +149,11 @@ def output_fwd(
     V = u.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     o = new_buffer((B, T, H, V), q.dtype, q.device)
-    cfg = TUNING["output_fwd"]
-    BV = block_size(V, cfg["BV"])
+    cfg = delta_launch(gam is not None).output_fwd
+    BV = block_size(V, cfg.BV)
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, o, scale, T, NT,
-        H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg["BK"]), BV=BV, USE_G=gam is not None,
-        PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
+        PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return o

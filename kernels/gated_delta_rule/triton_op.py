@@ -19,7 +19,10 @@ chunk's (I + A)^{-1} well conditioned, while beta ||k||^2 <= 2.
 
 ChunkDeltaRuleFunction runs inside the custom ops delta_rule_fwd / delta_rule_bwd
 (kernels/common/custom_op.py) so that torch.compile traces the Triton path as opaque nodes;
-`delta_rule_apply` is the differentiable entry.
+`delta_rule_apply` is the differentiable entry. The forward runs under the launch
+settings in effect for its op (kernels/common/launch.py: gated_delta_rule with a gate,
+delta_rule without) and the backward under the same ones, which the custom ops pass on as a
+JSON string (autograd may run the backward on another thread).
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ import torch
 from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_placeholder, placeholder, present
+from kernels.common.launch import decode, encode, launch_settings, note_launch
 from kernels.gated_delta_rule.triton_bwd import du_local, state_bwd
 from kernels.gated_delta_rule.triton_bwd_grad import dqkw
 from kernels.gated_delta_rule.triton_fwd import fused_output_applies, output_fwd, state_fwd
-from kernels.gated_delta_rule.triton_tuning import CHUNK
-from kernels.gated_delta_rule.triton_wy import wy_fwd
+from kernels.gated_delta_rule.triton_wy import CHUNK, delta_op, wy_fwd
 from kernels.gated_delta_rule.triton_wy_bwd import wy_bwd
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -54,9 +57,10 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions):
+        ctx.launch = note_launch(delta_op(g is not None))
         h0 = initial_state.float().contiguous() if initial_state is not None else None
         gam, tm, w, u0 = wy_fwd(k, v, beta, g)
-        fused = fused_output_applies(q.shape[0] * q.shape[2])
+        fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None)
         h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale)
         del u0
         if not fused:
@@ -69,6 +73,11 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
+        with launch_settings(**{delta_op(ctx.g_dtype is not None): ctx.launch}):
+            return ChunkDeltaRuleFunction._backward(ctx, do, dht)
+
+    @staticmethod
+    def _backward(ctx, do, dht):
         q, k, v, beta, gam, tm, w, u, h = ctx.saved_tensors
         opts = ctx.opts
         do = do.to(q.dtype).contiguous()
@@ -92,7 +101,7 @@ def delta_rule_fwd(
     (one dtype, contiguous); g | None, beta: [B, T, H]; initial_state [B, H, K, V] or None.
     Returns o [B, T, H, V], the final state [B, H, K, V] fp32 (a placeholder unless
     output_final_state) and what the backward reads besides the inputs: gamma [B, T, H] fp32
-    (a placeholder without g), Tm [B, T, H, 64], W [B, T, H, K], U [B, T, H, V] and the
+    (cumulative log2-gates; a placeholder without g), Tm [B, T, H, 64], W [B, T, H, K], U [B, T, H, V] and the
     per-chunk states h [B, H, NT, K, V] (in q's dtype)."""
     ctx = FunctionContext()
     o, ht = ChunkDeltaRuleFunction.forward(ctx, q, k, v, g, beta, initial_state, DeltaOptions(scale, output_final_state))
@@ -115,19 +124,20 @@ def _delta_rule_fwd_fake(q, k, v, g, beta, initial_state, scale, output_final_st
 def delta_rule_bwd(
     do: Tensor, dht: Tensor | None, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, gam: Tensor | None,
     tm: Tensor, w: Tensor, u: Tensor, h: Tensor, scale: float, g_dtype: torch.dtype | None,
-    h0_dtype: torch.dtype | None,
+    h0_dtype: torch.dtype | None, launch: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """ChunkDeltaRuleFunction's backward as a custom op: the gradients (dq, dk, dv, dg,
     dbeta, dh0) of delta_rule_fwd's inputs, shaped as those inputs; dg (in g_dtype) is a
-    placeholder without a gate and dh0 (in h0_dtype) without an initial state."""
+    placeholder without a gate and dh0 (in h0_dtype) without an initial state. launch: the
+    forward's launch settings (kernels/common/launch.encode)."""
     ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h), opts=DeltaOptions(scale, dht is not None),
-                          g_dtype=g_dtype, h0_dtype=h0_dtype)
+                          g_dtype=g_dtype, h0_dtype=h0_dtype, launch=decode(delta_op(g_dtype is not None), launch))
     dq, dk, dv, dg, dbeta, dh0, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
     return dq, dk, dv, or_placeholder(dg, q.device), dbeta, or_placeholder(dh0, q.device)
 
 
 @delta_rule_bwd.register_fake
-def _delta_rule_bwd_fake(do, dht, q, k, v, beta, gam, tm, w, u, h, scale, g_dtype, h0_dtype):
+def _delta_rule_bwd_fake(do, dht, q, k, v, beta, gam, tm, w, u, h, scale, g_dtype, h0_dtype, launch):
     B, T, H, K = q.shape
     dg = q.new_empty(B, T, H, dtype=g_dtype) if g_dtype is not None else placeholder(q.device)
     dh0 = q.new_empty(B, H, K, v.shape[-1], dtype=h0_dtype) if h0_dtype is not None else placeholder(q.device)
@@ -141,6 +151,7 @@ def _delta_rule_setup(ctx, inputs, output):
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.g_dtype = g.dtype if g is not None else None
     ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
+    ctx.launch = encode(delta_op(g is not None))  # what the forward ran under, for the backward op
     # no zero gradients for the residual outputs, which nothing downstream uses
     ctx.set_materialize_grads(False)
 
@@ -151,7 +162,7 @@ def _delta_rule_backward(ctx, do, dht, *residual_grads):
     do = do if do is not None else torch.zeros_like(v)
     dht = dht if ctx.output_final_state else None
     dq, dk, dv, dg, dbeta, dh0 = delta_rule_bwd(
-        do, dht, q, k, v, beta, present(gam, has_g), tm, w, u, h, ctx.scale, ctx.g_dtype, ctx.h0_dtype,
+        do, dht, q, k, v, beta, present(gam, has_g), tm, w, u, h, ctx.scale, ctx.g_dtype, ctx.h0_dtype, ctx.launch,
     )
     return dq, dk, dv, present(dg, has_g), dbeta, present(dh0, has_h0), None, None
 

@@ -22,17 +22,30 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.launch import DeltaLaunch, settings
 from kernels.common.triton.gates import causal_decay, log2_gates
 from kernels.common.triton.solve import unit_lower_inverse_64
 from kernels.common.triton.tiles import load_tile, load_vec, store_tile, store_vec
 from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
-from kernels.gated_delta_rule.triton_tuning import CHUNK, TUNING
+
+CHUNK = 64  # tokens per chunk: the blockwise solve below (kernels/common/triton/solve.py) is written for 64
 
 
-def solve_precision(dtype: torch.dtype) -> str:
+def delta_op(gated: bool) -> str:
+    """The op whose launch settings the delta-rule kernels run under: gated_delta_rule with
+    a gate, delta_rule without."""
+    return "gated_delta_rule" if gated else "delta_rule"
+
+
+def delta_launch(gated: bool) -> DeltaLaunch:
+    """The delta-rule kernels' launch settings in effect (kernels/common/launch.py)."""
+    return settings(delta_op(gated))
+
+
+def solve_precision(dtype: torch.dtype, tf32_solve: bool) -> str:
     """Dot precision of the chunk inverse (I + A)^{-1}: true fp32 unless the inputs are 16-bit
-    and wy_fwd's tf32_solve is set (the inverse is then rounded to 16 bits anyway)."""
-    if dtype != torch.float32 and TUNING["wy_fwd"].get("tf32_solve"):
+    and tf32_solve is set (the inverse is then rounded to 16 bits anyway)."""
+    if dtype != torch.float32 and tf32_solve:
         return "tf32"
     return "ieee"
 
@@ -198,12 +211,12 @@ def wy_fwd(
     tm = new_buffer((B, T, H, CHUNK), dt, dev)
     w = new_buffer((B, T, H, K), dt, dev)
     u0 = new_buffer((B, T, H, V), dt, dev)
-    cfg = TUNING["wy_fwd"]
+    cfg = delta_launch(g is not None).wy_fwd
     grid = (triton.cdiv(T, CHUNK), B * H)
     wy_fwd_kernel[grid](
         k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm, w, u0, T,
-        H=H, K=K, V=V, BT=CHUNK, BK=block_size(K, cfg["BK"]), BV=block_size(V, cfg["BV"]),
-        USE_G=g is not None, PREC=dot_precision(dt), SOLVE_PREC=solve_precision(dt), num_warps=warps(cfg["num_warps"]),
-        num_stages=cfg["num_stages"],
+        H=H, K=K, V=V, BT=CHUNK, BK=block_size(K, cfg.BK), BV=block_size(V, cfg.BV),
+        USE_G=g is not None, PREC=dot_precision(dt), SOLVE_PREC=solve_precision(dt, cfg.tf32_solve),
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return gam, tm, w, u0

@@ -25,7 +25,7 @@ import triton.language as tl
 from kernels.common.triton.gates import anticausal_decay, causal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, load_vec, store_tile, store_vec
 from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
-from kernels.gated_delta_rule.triton_tuning import TUNING
+from kernels.gated_delta_rule.triton_wy import delta_launch
 
 
 @triton.jit(do_not_specialize=["T", "BTH", "NK"])
@@ -127,7 +127,7 @@ def wy_bwd(
     BT = tm.shape[-1]
     V = v.shape[-1]
     dev = k.device
-    cfg = TUNING["wy_bwd"]
+    cfg = delta_launch(gam is not None).wy_bwd
     dk = new_buffer((B, T, H, K), k.dtype, dev)
     dv = new_buffer((B, T, H, V), v.dtype, dev)
     dbeta = new_buffer((B, T, H), beta.dtype, dev)
@@ -136,7 +136,7 @@ def wy_bwd(
         k, v, beta, gam if gam is not None else k, tm, dw, du, dk_part,
         dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k,
         T, B * T * H, dgam_part.shape[0] if dgam_part is not None else 0,
-        H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg["BK"]), BV=block_size(V, cfg["BV"]), USE_G=gam is not None,
-        PREC=dot_precision(k.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg.BK), BV=block_size(V, cfg.BV), USE_G=gam is not None,
+        PREC=dot_precision(k.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dk, dv, dbeta, dg

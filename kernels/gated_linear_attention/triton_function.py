@@ -17,12 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.common.launch import launch_settings, note_launch
 from kernels.common.triton.cumsum import chunk_local_cumsum
 from kernels.common.triton.fused_forward import chunk_fwd_fused, fused_forward_applies
 from kernels.common.triton.gates import GATE_NONE, GATE_SCALAR, GATE_VECTOR, LOG2E
 from kernels.common.triton.grad_qk import chunk_bwd_dqk
 from kernels.common.triton.output import chunk_bwd_dv, chunk_fwd_output
 from kernels.common.triton.states import chunk_bwd_states, chunk_fwd_states
+from kernels.common.triton.utils import chunk_op
 from kernels.gated_linear_attention.triton_vector import gla_bwd_dqkg, gla_intra_A
 
 
@@ -55,11 +57,16 @@ class ChunkGatedLinearAttentionFunction(torch.autograd.Function):
     q, k: [B, T, H, K]; v: [B, T, H, V]; g: [B, T, H] or [B, T, H, K] log-gates or None;
     h0: [B, H, K, V] fp32 or None. All contiguous, q/k/v of one dtype (fp16, bf16, fp32).
     o: [B, T, H, V] in v's dtype; final state [B, H, K, V] fp32.
+
+    The forward runs under the launch settings in effect for its op (linear_attention
+    without a gate, else gated_linear_attention) and keeps them in ctx.launch; the
+    backward runs under those, whichever thread autograd runs it on.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, g, h0, opts: ChunkOptions):
         gate = gate_mode(g)
+        ctx.launch = note_launch(chunk_op(gate))
         BT = opts.chunk_size
         gamma = chunk_local_cumsum(g, BT, scale=LOG2E) if g is not None else None
         A = gla_intra_A(q, k, gamma, opts.scale, BT) if gate == GATE_VECTOR else None
@@ -80,6 +87,11 @@ class ChunkGatedLinearAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
+        with launch_settings(**{chunk_op(ctx.gate): ctx.launch}):
+            return ChunkGatedLinearAttentionFunction._backward(ctx, do, dht)
+
+    @staticmethod
+    def _backward(ctx, do, dht):
         q, k, v, gamma, h, A = ctx.saved_tensors
         opts, gate = ctx.opts, ctx.gate
         if h is None:

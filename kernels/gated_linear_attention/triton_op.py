@@ -3,6 +3,8 @@
 ChunkGatedLinearAttentionFunction (triton_function.py) runs inside the custom ops gla_fwd /
 gla_bwd (kernels/common/custom_op.py) so that torch.compile traces the Triton path as
 opaque nodes; `gla_apply` is the differentiable entry, shared with linear attention.
+The forward op runs under the launch settings in effect (kernels/common/launch.py) and
+hands them to the backward op as a JSON string (`launch`), which may run on another thread.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import torch
 from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_placeholder, placeholder, present
+from kernels.common.launch import decode, encode
 from kernels.common.triton.gates import GATE_VECTOR
-from kernels.common.triton.utils import check_chunk_size
+from kernels.common.triton.utils import check_chunk_size, chunk_op
 from kernels.gated_linear_attention.triton_function import (
     ChunkGatedLinearAttentionFunction,
     ChunkOptions,
@@ -58,18 +61,21 @@ def _gla_fwd_fake(q, k, v, g, h0, scale, chunk_size, output_final_state, store_s
 def gla_bwd(
     do: Tensor | None, dht: Tensor | None, q: Tensor, k: Tensor, v: Tensor, gamma: Tensor | None, h: Tensor | None,
     A: Tensor | None, scale: float, chunk_size: int, gate: int, g_dtype: torch.dtype | None, has_h0: bool,
+    launch: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """ChunkGatedLinearAttentionFunction's backward as a custom op: (dq, dk, dv, dg, dh0),
     shaped as gla_fwd's q, k, v, g (in g_dtype) and h0 (fp32); dg is a placeholder without
-    a gate and dh0 without h0. gate: the forward's gate mode (triton_function.gate_mode)."""
+    a gate and dh0 without h0. gate: the forward's gate mode (triton_function.gate_mode);
+    launch: the forward's launch settings (kernels/common/launch.encode)."""
     opts = ChunkOptions(scale=scale, chunk_size=chunk_size, output_final_state=dht is not None)
-    ctx = FunctionContext((q, k, v, gamma, h, A), opts=opts, gate=gate, g_dtype=g_dtype, has_h0=has_h0)
+    ctx = FunctionContext((q, k, v, gamma, h, A), opts=opts, gate=gate, g_dtype=g_dtype, has_h0=has_h0,
+                          launch=decode(chunk_op(gate), launch))
     dq, dk, dv, dg, dh0, _ = ChunkGatedLinearAttentionFunction.backward(ctx, do, dht)
     return dq, dk, dv, or_placeholder(dg, q.device), or_placeholder(dh0, q.device)
 
 
 @gla_bwd.register_fake
-def _gla_bwd_fake(do, dht, q, k, v, gamma, h, A, scale, chunk_size, gate, g_dtype, has_h0):
+def _gla_bwd_fake(do, dht, q, k, v, gamma, h, A, scale, chunk_size, gate, g_dtype, has_h0, launch):
     B, T, H, K = q.shape
     dg = q.new_empty(gamma.shape, dtype=g_dtype) if gamma is not None else placeholder(q.device)
     dh0 = q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32) if has_h0 else placeholder(q.device)
@@ -82,6 +88,7 @@ def _gla_setup(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, gamma, h, A)
     ctx.scale, ctx.chunk_size, ctx.output_final_state, ctx.store_states = scale, chunk_size, output_final_state, store_states
     ctx.gate, ctx.g_dtype, ctx.has_h0 = gate_mode(g), (g.dtype if g is not None else None), h0 is not None
+    ctx.launch = encode(chunk_op(ctx.gate))  # what the forward ran under, for the backward op
     # an unused output then arrives as None in backward, not as a tensor of zeros
     ctx.set_materialize_grads(False)
 
@@ -91,7 +98,7 @@ def _gla_backward(ctx, do, dht, *residual_grads):
     has_g = ctx.g_dtype is not None
     dq, dk, dv, dg, dh0 = gla_bwd(
         do, dht if ctx.output_final_state else None, q, k, v, present(gamma, has_g), present(h, ctx.store_states),
-        present(A, ctx.gate == GATE_VECTOR), ctx.scale, ctx.chunk_size, ctx.gate, ctx.g_dtype, ctx.has_h0,
+        present(A, ctx.gate == GATE_VECTOR), ctx.scale, ctx.chunk_size, ctx.gate, ctx.g_dtype, ctx.has_h0, ctx.launch,
     )
     return dq, dk, dv, present(dg, has_g), present(dh0, ctx.has_h0), None, None, None, None
 

@@ -10,7 +10,7 @@ keys before it (gamma only decreases). Each chunk and K-block takes one of three
 
 1. PATH_CHUNK: every channel decays by at most 2^span across the chunk: the whole chunk
    factors around its first row, one dot.
-2. PATH_SUB: it does so within every sub-chunk of BC rows (LAUNCH "sub_chunk"): each
+2. PATH_SUB: it does so within every sub-chunk of BC rows (the launch's sub_chunk): each
    sub-chunk's rows factor around their own first row r_s against every key up to the
    sub-chunk's end, one dot per sub-chunk. Gates of a few nats a token (chunk spans of
    hundreds of bits) land here.
@@ -37,9 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.launch import ChunkLaunch, settings
 from kernels.common.triton.cumsum import chunk_local_cumsum
 from kernels.common.triton.gates import LOG2E
-from kernels.common.triton.launch import LAUNCH
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
 from kernels.gated_linear_attention.triton_vector_paths import (
@@ -60,29 +60,32 @@ from kernels.gated_linear_attention.triton_vector_paths import (
 FACTORED_SPAN: dict[torch.dtype, float] = {torch.float32: 64.0, torch.bfloat16: 64.0}
 
 
+def vector_launch() -> ChunkLaunch:
+    """The launch settings in effect for the vector-gate kernels (gated_linear_attention's)."""
+    return settings("gated_linear_attention")
+
+
 def factored_span(dtype: torch.dtype) -> float:
     """The factored paths' bound for inputs of `dtype`; -1 (never taken) if it has none."""
     return FACTORED_SPAN.get(dtype, -1.0)
 
 
 def sub_chunk(entry: str, chunk_size: int) -> int:
-    """Rows per sub-chunk (PATH_SUB, PATH_EXACT) for LAUNCH[entry], checked: a power of
-    two, at most the chunk. PATH_EXACT's element-by-element work scales with it, the
-    number of dots of both with chunk / sub_chunk."""
-    bc = int(LAUNCH[entry].get("sub_chunk", 16))
-    if bc < 1 or bc & (bc - 1):
-        raise ValueError(f"LAUNCH[{entry!r}]['sub_chunk'] must be a power of two, got {bc}")
-    return min(bc, chunk_size)
+    """Rows per sub-chunk (PATH_SUB, PATH_EXACT) of the kernel `entry` ("intra_A" or
+    "bwd_dqkg") under the launch settings in effect: its sub_chunk (a power of two, checked
+    by the settings object), at most the chunk. PATH_EXACT's element-by-element work scales
+    with it, the number of dots of both with chunk / sub_chunk."""
+    return min(getattr(vector_launch(), entry).sub_chunk, chunk_size)
 
 
 def chunk_paths(g: torch.Tensor, dtype: torch.dtype, chunk_size: int, entry: str) -> torch.Tensor:
-    """The path (PATH_CHUNK / PATH_SUB / PATH_EXACT) the kernel of LAUNCH[entry] ("intra_A"
+    """The path (PATH_CHUNK / PATH_SUB / PATH_EXACT) the kernel `entry` ("intra_A"
     or "bwd_dqkg") takes for each chunk and K-block with inputs of `dtype`:
     [B, H, NT, n K-blocks] int64. g: [B, T, H, K] natural-log gates. The kernels' own test
     (chunk_path) in PyTorch, for tests and benchmark records."""
     B, T, H, K = g.shape
     BT, BC = chunk_size, sub_chunk(entry, chunk_size)
-    BK = block_size(K, LAUNCH[entry]["BK"])
+    BK = block_size(K, getattr(vector_launch(), entry).BK)
     NT, NK = triton.cdiv(T, BT), triton.cdiv(K, BK)
     gamma = chunk_local_cumsum(g.float().contiguous(), chunk_size, LOG2E)
     if NT * BT > T:  # padded rows repeat the last valid row
@@ -101,7 +104,7 @@ def chunk_paths(g: torch.Tensor, dtype: torch.dtype, chunk_size: int, entry: str
 def path_shares(g: torch.Tensor, dtype: torch.dtype, chunk_size: int = 64) -> dict[str, dict[str, float]]:
     """Per kernel ("intra_A", "bwd_dqkg"), the share of (chunk, head, K-block) programs on
     each path ("chunk", "sub", "exact") for natural-log gates g [B, T, H, K] and inputs of
-    `dtype`, under the current LAUNCH settings: which paths a run or a test exercised."""
+    `dtype`, under the launch settings in effect: which paths a run or a test exercised."""
     return {entry: shares_of(chunk_paths(g, dtype, chunk_size, entry)) for entry in ("intra_A", "bwd_dqkg")}
 
 
@@ -184,15 +187,15 @@ def gla_intra_A(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, scale: fl
     log2 cumulative gates."""
     B, T, H, K = q.shape
     BT = chunk_size
-    cfg = LAUNCH["intra_A"]
-    BK = block_size(K, cfg["BK"])
+    cfg = vector_launch().intra_A
+    BK = block_size(K, cfg.BK)
     A = new_buffer((B, T, H, BT), torch.float32, q.device)
     grid = (triton.cdiv(T, BT), B * H)
     paths = _census_buffer("intra_A", B, H, grid[0], triton.cdiv(K, BK), q.device)
     gla_intra_A_kernel[grid](
         q, k, gamma, A, paths, scale, factored_span(q.dtype), T, H=H, K=K, BT=BT, BC=sub_chunk("intra_A", BT),
         BK=BK, DOT_PREC=dot_precision(q.dtype), STORE_PATHS=paths is not None,
-        num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return A
 
@@ -325,8 +328,9 @@ def gla_bwd_dqkg(
     V = v.shape[-1]
     BT = chunk_size
     NT = triton.cdiv(T, BT)
-    cfg = LAUNCH["bwd_dqkg"]
-    BK, BV = block_size(K, cfg["BK"]), block_size(V, cfg["BV"])
+    launch = vector_launch()
+    cfg = launch.bwd_dqkg
+    BK, BV = block_size(K, cfg.BK), block_size(V, cfg.BV)
     dq = new_buffer((B, T, H, K), q.dtype, q.device)
     dk = new_buffer((B, T, H, K), k.dtype, k.device)
     dg = new_buffer((B, T, H, K), torch.float32, q.device)
@@ -336,14 +340,14 @@ def gla_bwd_dqkg(
     # split_paths: one launch per path, each with its own warps (an exact-only dtype,
     # span < 0, needs just the exact one); else one launch choosing per chunk
     launches = [(-1, cfg)]
-    if cfg["split_paths"]:
-        exact = (PATH_EXACT.value, LAUNCH["bwd_dqkg_exact"])
-        launches = [exact] if span < 0 else [(PATH_CHUNK.value, cfg), (PATH_SUB.value, LAUNCH["bwd_dqkg_sub"]), exact]
-    for only_path, launch in launches:
+    if cfg.split_paths:
+        exact = (PATH_EXACT.value, launch.bwd_dqkg_exact)
+        launches = [exact] if span < 0 else [(PATH_CHUNK.value, cfg), (PATH_SUB.value, launch.bwd_dqkg_sub), exact]
+    for only_path, path_cfg in launches:
         gla_bwd_dqkg_kernel[grid](
             q, k, v, gamma, h, do, dh, dq, dk, dg, paths, scale, span, T, NT,
             H=H, K=K, V=V, BT=BT, BC=sub_chunk("bwd_dqkg", BT), BK=BK, BV=BV, DOT_PREC=dot_precision(q.dtype),
-            ONLY_PATH=only_path, INTER_AFTER=launch.get("inter_after", 0), STORE_PATHS=paths is not None,
-            num_warps=warps(launch["num_warps"]), num_stages=launch["num_stages"],
+            ONLY_PATH=only_path, INTER_AFTER=int(path_cfg.inter_after), STORE_PATHS=paths is not None,
+            num_warps=warps(path_cfg.num_warps), num_stages=path_cfg.num_stages,
         )
     return dq, dk, dg

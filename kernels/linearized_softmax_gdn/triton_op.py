@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, op_name, or_placeholder, placeholder, present
+from kernels.common.launch import decode, encode
 from kernels.gated_delta_rule.triton_op import check_triton_inputs, delta_rule_apply
 from kernels.linearized_softmax_gdn.triton_prep import LinGDNPrepFunction, PrepOptions, running_mean_torch
 
@@ -56,21 +57,22 @@ def _lin_gdn_prep_fwd_fake(k, v, k_sum0, v_sum0, count):
 def lin_gdn_prep_bwd(
     d_key: Tensor | None, d_value: Tensor | None, d_v_bar: Tensor | None, d_k_sum: Tensor | None,
     d_v_sum: Tensor | None, count: int, k_shape: list[int], k_dtype: torch.dtype, v_shape: list[int],
-    v_dtype: torch.dtype, device: torch.device, has_k_sum0: bool, has_v_sum0: bool,
+    v_dtype: torch.dtype, device: torch.device, has_k_sum0: bool, has_v_sum0: bool, launch: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """LinGDNPrepFunction's backward as a custom op: from the cotangents of the five outputs
     (each may be None) to (dk, dv, dk_sum0, dv_sum0), the last two fp32 or placeholders
     where the forward had no initial sums. k_shape, k_dtype, v_shape, v_dtype, device: the
-    forward's k and v."""
+    forward's k and v; launch: the forward's launch settings (kernels/common/launch.encode)."""
     ctx = FunctionContext(count=count, has_s0=(has_k_sum0, has_v_sum0),
-                          k_meta=(tuple(k_shape), k_dtype, device), v_meta=(tuple(v_shape), v_dtype, device))
+                          k_meta=(tuple(k_shape), k_dtype, device), v_meta=(tuple(v_shape), v_dtype, device),
+                          launch=decode("linearized_softmax_gdn", launch))
     dk, dv, dk_sum0, dv_sum0, _ = LinGDNPrepFunction.backward(ctx, d_key, d_value, d_v_bar, d_k_sum, d_v_sum)
     return dk, dv, or_placeholder(dk_sum0, device), or_placeholder(dv_sum0, device)
 
 
 @lin_gdn_prep_bwd.register_fake
 def _lin_gdn_prep_bwd_fake(d_key, d_value, d_v_bar, d_k_sum, d_v_sum, count, k_shape, k_dtype, v_shape, v_dtype,
-                           device, has_k_sum0, has_v_sum0):
+                           device, has_k_sum0, has_v_sum0, launch):
     B, _, H, K = k_shape
     V = v_shape[-1]
     f32 = torch.float32
@@ -85,13 +87,14 @@ def _lin_gdn_prep_setup(ctx, inputs, output):
     ctx.count, ctx.has_s0 = count, (k_sum0 is not None, v_sum0 is not None)
     ctx.k_meta = (list(k.shape), k.dtype, k.device)
     ctx.v_meta = (list(v.shape), v.dtype)
+    ctx.launch = encode("linearized_softmax_gdn")  # what the forward ran under, for the backward op
     ctx.set_materialize_grads(False)  # unused outputs stay None: no zero tensors to scan
 
 
 def _lin_gdn_prep_backward(ctx, d_key, d_value, d_v_bar, d_k_sum, d_v_sum):
     (k_shape, k_dtype, device), (v_shape, v_dtype) = ctx.k_meta, ctx.v_meta
     dk, dv, dk_sum0, dv_sum0 = lin_gdn_prep_bwd(d_key, d_value, d_v_bar, d_k_sum, d_v_sum, ctx.count, k_shape,
-                                                k_dtype, v_shape, v_dtype, device, *ctx.has_s0)
+                                                k_dtype, v_shape, v_dtype, device, *ctx.has_s0, ctx.launch)
     return dk, dv, present(dk_sum0, ctx.has_s0[0]), present(dv_sum0, ctx.has_s0[1]), None
 
 

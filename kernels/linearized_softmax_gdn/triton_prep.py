@@ -30,14 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.launch import PrepLaunch, note_launch, settings
 from kernels.common.triton.tiles import load_tile, store_tile
 from kernels.common.triton.utils import new_buffer, warps
-
-# Launch settings (H200 guesses; benchmarks/bench_lin_gdn.py --tune overrides them):
-# tile_elems = BT * BD rows x features per loop step (enough bytes in flight per program),
-# the feature block BD is halved from max_BD while fewer than min_programs programs would run.
-TUNING: dict[str, int] = {"max_BD": 64, "min_BD": 16, "tile_elems": 4096, "min_programs": 512,
-                          "num_warps": 4, "num_stages": 3}
 
 
 @dataclass(frozen=True)
@@ -118,49 +113,61 @@ def running_mean_bwd_kernel(
         tl.store(ds0 + i_bh * D + o_d, b_carry, mask=m_d)
 
 
-def launch_blocks(n_seq: int, D: int, T: int) -> tuple[int, int]:
-    """(BT, BD): BD halved from max_BD while n_seq * cdiv(D, BD) programs are too few, then
-    BT = tile_elems / BD rows per step (at most T rounded up to a power of two, at least 16)."""
-    bd = max(TUNING["min_BD"], min(TUNING["max_BD"], triton.next_power_of_2(D)))
-    while bd > TUNING["min_BD"] and n_seq * triton.cdiv(D, bd) < TUNING["min_programs"]:
+def prep_launch() -> PrepLaunch:
+    """The running-mean kernels' launch settings in effect (kernels/common/launch.py)."""
+    return settings("linearized_softmax_gdn").prep
+
+
+def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch) -> tuple[int, int]:
+    """(BT, BD): BD halved from cfg.max_BD while n_seq * cdiv(D, BD) programs are too few,
+    then BT = tile_elems / BD rows per step (at most T rounded up to a power of two, at
+    least 16)."""
+    bd = max(cfg.min_BD, min(cfg.max_BD, triton.next_power_of_2(D)))
+    while bd > cfg.min_BD and n_seq * triton.cdiv(D, bd) < cfg.min_programs:
         bd //= 2
-    bt = max(16, min(TUNING["tile_elems"] // bd, triton.next_power_of_2(T)))
+    bt = max(16, min(cfg.tile_elems // bd, triton.next_power_of_2(T)))
     return bt, bd
 
 
-def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_mean: bool):
-    """x: [B, T, H, D]; s0: [B, H, D] fp32 or None. Returns (centred [B, T, H, D] in x's dtype,
-    mean [B, T, H, D] fp32 or None, s_final [B, H, D] fp32)."""
+def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_mean: bool,
+                     cfg: PrepLaunch | None = None):
+    """x: [B, T, H, D]; s0: [B, H, D] fp32 or None; cfg: launch settings (None: those in
+    effect). Returns (centred [B, T, H, D] in x's dtype, mean [B, T, H, D] fp32 or None,
+    s_final [B, H, D] fp32)."""
     B, T, H, D = x.shape
     x = x.contiguous()
     s0 = s0.float().contiguous() if s0 is not None else None
     centred = new_buffer((B, T, H, D), x.dtype, x.device)
     mean = new_buffer((B, T, H, D), torch.float32, x.device) if store_mean else None
     s_final = new_buffer((B, H, D), torch.float32, x.device)
-    bt, bd = launch_blocks(B * H, D, T)
+    cfg = cfg or prep_launch()
+    bt, bd = launch_blocks(B * H, D, T, cfg)
     running_mean_fwd_kernel[(triton.cdiv(D, bd), B * H)](
         x, s0, centred, mean, s_final, count, T, H=H, D=D, BT=bt, BD=bd,
         HAS_S0=s0 is not None, STORE_MEAN=store_mean,
-        num_warps=warps(TUNING["num_warps"]), num_stages=TUNING["num_stages"],
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return centred, mean, s_final
 
 
-def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has_s0: bool):
-    """Cotangents (each may be None) -> (dx, ds0 [B, H, D] fp32 or None); x_meta = (shape,
-    dtype, device) of the forward's x, which dx takes."""
+def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has_s0: bool,
+                     cfg: PrepLaunch | None = None):
+    """Cotangents (each may be None, else [B, T, H, D]; ds_final [B, H, D]) -> (dx
+    [B, T, H, D], ds0 [B, H, D] fp32 or None); x_meta = (shape, dtype, device) of the
+    forward's x, which dx takes; cfg: launch settings (None: those in effect)."""
     (B, T, H, D), dtype, device = x_meta
     dx = new_buffer((B, T, H, D), dtype, device)
     ds0 = new_buffer((B, H, D), torch.float32, device) if has_s0 else None
     d_centred = d_centred.contiguous() if d_centred is not None else None
     d_mean = d_mean.contiguous() if d_mean is not None else None
     ds_final = ds_final.float().contiguous() if ds_final is not None else None
-    bt, bd = launch_blocks(B * H, D, T)
+    cfg = cfg or prep_launch()
+    bt, bd = launch_blocks(B * H, D, T, cfg)
     running_mean_bwd_kernel[(triton.cdiv(D, bd), B * H)](
         d_centred, d_mean, ds_final, dx, ds0, count, T, H=H, D=D, BT=bt, BD=bd,
         HAS_DC=d_centred is not None, HAS_DM=d_mean is not None,
         HAS_DSF=ds_final is not None, HAS_S0=has_s0,
-        num_warps=warps(TUNING["num_warps"]), num_stages=TUNING["num_stages"],
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dx, ds0
 
@@ -170,12 +177,14 @@ class LinGDNPrepFunction(torch.autograd.Function):
 
     k: [B, T, H, K], v: [B, T, H, V] in fp16/bf16/fp32; k_sum0 [B, H, K] and
     v_sum0 [B, H, V] fp32, both None for an empty state (opts.count = 0). key, value come in
-    k's dtype, v_bar [B, T, H, V] and the sums in fp32. Nothing is saved for the backward."""
+    k's dtype, v_bar [B, T, H, V] and the sums in fp32. Nothing is saved for the backward
+    but the launch settings the forward ran under (ctx.launch), which the backward uses."""
 
     @staticmethod
     def forward(ctx, k, v, k_sum0, v_sum0, opts: PrepOptions):
-        key, _, k_sum = running_mean_fwd(k, k_sum0, opts.count, store_mean=False)
-        value, v_bar, v_sum = running_mean_fwd(v, v_sum0, opts.count, store_mean=True)
+        ctx.launch = note_launch("linearized_softmax_gdn")
+        key, _, k_sum = running_mean_fwd(k, k_sum0, opts.count, store_mean=False, cfg=ctx.launch.prep)
+        value, v_bar, v_sum = running_mean_fwd(v, v_sum0, opts.count, store_mean=True, cfg=ctx.launch.prep)
         ctx.count = opts.count
         ctx.has_s0 = (k_sum0 is not None, v_sum0 is not None)
         ctx.k_meta = (tuple(k.shape), k.dtype, k.device)
@@ -185,8 +194,9 @@ class LinGDNPrepFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_key, d_value, d_v_bar, d_k_sum, d_v_sum):
-        dk, dk_sum0 = running_mean_bwd(d_key, None, d_k_sum, ctx.count, ctx.k_meta, ctx.has_s0[0])
-        dv, dv_sum0 = running_mean_bwd(d_value, d_v_bar, d_v_sum, ctx.count, ctx.v_meta, ctx.has_s0[1])
+        cfg = ctx.launch.prep
+        dk, dk_sum0 = running_mean_bwd(d_key, None, d_k_sum, ctx.count, ctx.k_meta, ctx.has_s0[0], cfg)
+        dv, dv_sum0 = running_mean_bwd(d_value, d_v_bar, d_v_sum, ctx.count, ctx.v_meta, ctx.has_s0[1], cfg)
         return dk, dv, dk_sum0, dv_sum0, None
 
 

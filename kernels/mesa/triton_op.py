@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_placeholder, placeholder, present
+from kernels.common.launch import decode, encode
 from kernels.common.triton.utils import check_chunk_size
 from kernels.mesa.state import MesaState
 from kernels.mesa.triton_function import MesaFunction, MesaOptions
@@ -52,22 +53,23 @@ def _mesa_fwd_fake(q, k, v, g, beta, lamb, h_kk0, h_kv0, scale, chunk_size, cg_s
 def mesa_bwd(
     do: Tensor | None, dht_kk: Tensor | None, dht_kv: Tensor | None, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     lamb: Tensor, h_kk: Tensor, h_kv: Tensor, q_star: Tensor, scale: float, chunk_size: int, cg_steps: int,
-    cg_tol: float | None, q_dtype: torch.dtype, has_h_kk0: bool, has_h_kv0: bool,
+    cg_tol: float | None, q_dtype: torch.dtype, has_h_kk0: bool, has_h_kv0: bool, launch: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """MesaFunction's backward as a custom op: (dq, dk, dv, dg, dbeta, dlamb, dh_kk0, dh_kv0),
     shaped as mesa_fwd's inputs (dq in q_dtype; the initial-state gradients fp32, or
-    placeholders where the forward had none)."""
+    placeholders where the forward had none). launch: the forward's launch settings
+    (kernels/common/launch.encode; the backward may run on another thread)."""
     opts = MesaOptions(scale=scale, chunk_size=chunk_size, cg_steps=cg_steps, cg_tol=cg_tol,
                        output_final_state=dht_kk is not None or dht_kv is not None)
     ctx = FunctionContext((k, v, g, beta, lamb, h_kk, h_kv, q_star), opts=opts, q_dtype=q_dtype,
-                          has_h0=(has_h_kk0, has_h_kv0))
+                          has_h0=(has_h_kk0, has_h_kv0), launch=decode("mesa", launch))
     *grads, dh_kk0, dh_kv0, _ = MesaFunction.backward(ctx, do, dht_kk, dht_kv)
     return *grads, or_placeholder(dh_kk0, k.device), or_placeholder(dh_kv0, k.device)
 
 
 @mesa_bwd.register_fake
 def _mesa_bwd_fake(do, dht_kk, dht_kv, k, v, g, beta, lamb, h_kk, h_kv, q_star, scale, chunk_size, cg_steps,
-                   cg_tol, q_dtype, has_h_kk0, has_h_kv0):
+                   cg_tol, q_dtype, has_h_kk0, has_h_kv0, launch):
     B, T, H, K = k.shape
     f32 = torch.float32
     dh_kk0 = k.new_empty(B, H, K, K, dtype=f32) if has_h_kk0 else placeholder(k.device)
@@ -82,6 +84,7 @@ def _mesa_setup(ctx, inputs, output):
     ctx.options = (scale, chunk_size, cg_steps, cg_tol)
     ctx.q_dtype, ctx.output_final_state = q.dtype, output_final_state
     ctx.has_h0 = (h_kk0 is not None, h_kv0 is not None)
+    ctx.launch = encode("mesa")  # what the forward ran under, for the backward op
     ctx.set_materialize_grads(False)  # unused outputs arrive as None, not as zeros
 
 
@@ -89,7 +92,7 @@ def _mesa_backward(ctx, do, dht_kk, dht_kv, *residual_grads):
     if not ctx.output_final_state:
         dht_kk = dht_kv = None
     dq, dk, dv, dg, dbeta, dlamb, dh_kk0, dh_kv0 = mesa_bwd(
-        do, dht_kk, dht_kv, *ctx.saved_tensors, *ctx.options, ctx.q_dtype, *ctx.has_h0)
+        do, dht_kk, dht_kv, *ctx.saved_tensors, *ctx.options, ctx.q_dtype, *ctx.has_h0, ctx.launch)
     return (dq, dk, dv, dg, dbeta, dlamb, present(dh_kk0, ctx.has_h0[0]), present(dh_kv0, ctx.has_h0[1]),
             None, None, None, None, None)
 

@@ -16,13 +16,11 @@ Backward of the solve (M_i symmetric), per row:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+from kernels.common.launch import SOLVE_OPERANDS, SolveLaunch
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import new_buffer, warps
 from kernels.mesa.triton_system import cg_solve, load_system
@@ -102,51 +100,13 @@ def mesa_bwd_solve_kernel(
     tl.store(dlamb + (part.to(tl.int64) * H + i_h) * K + o_k, -tl.sum(b_y * b_x, axis=0), mask=o_k < K)
 
 
-OPERANDS = ("fp32", "fp16_scaled", "fp16_normed")  # TUNING["cg_operands"]; the index is the HALF constexpr
-
-
-@dataclass(frozen=True)
-class SolveLaunch:
-    """Launch settings of the CG kernels (TUNING in triton_function.py picks them).
-
-    rows: rows (tokens) per program, the chunk or a fraction of it; num_warps: on a GPU;
-    weights_scan: segment sums by a running sum instead
-    of an fp32 FMA product (chunk_weights); diag_cg_prec: diag(M) (the Jacobi start only)
-    at the CG loop's dot precision instead of fp32 FMAs (the same for fp32 inputs);
-    operands: the CG mat-vecs' operands, "fp32" (tiles at the CG dot precision) or fp16
-    scaled per row, by its largest entry ("fp16_scaled", triton_system.matvec_half) or by a
-    norm the CG loop carries ("fp16_normed", matvec_normed: no row reductions per mat-vec);
-    the fp16 forms apply to 16-bit inputs only (fp32 inputs keep true fp32 products)."""
-
-    rows: int = 64
-    num_warps: int = 8
-    weights_scan: bool = False
-    diag_cg_prec: bool = False
-    operands: str = "fp32"
-
-    def __post_init__(self):
-        if self.operands not in OPERANDS:
-            raise ValueError(f"mesa TUNING: cg_operands must be one of {OPERANDS}, got {self.operands!r}")
-
-    @classmethod
-    def from_tuning(cls, tuning: Mapping[str, object], backward: bool = False) -> SolveLaunch:
-        """From TUNING-style entries: rows (bwd_rows for the backward where present),
-        solve_warps, weights_scan, diag_prec, cg_operands (absent: fp32). An old "resident": 0
-        (the streaming CG form, removed) is refused rather than ignored."""
-        if not tuning.get("resident", 1):
-            raise ValueError("mesa TUNING: resident=0 (the streaming CG form) was removed; the CG "
-                             "programs always keep H0 and the keys on chip")
-        rows = tuning["bwd_rows"] if backward and "bwd_rows" in tuning else tuning["rows"]
-        return cls(
-            rows=int(rows), num_warps=int(tuning["solve_warps"]),
-            weights_scan=bool(tuning["weights_scan"]), diag_cg_prec=tuning["diag_prec"] == "cg",
-            operands=str(tuning.get("cg_operands", "fp32")),
-        )
-
-    def constexprs(self, cg_prec: str) -> dict:
-        return {"SCAN": self.weights_scan,
-                "DIAG_PREC": cg_prec if self.diag_cg_prec else "ieee",
-                "HALF": OPERANDS.index(self.operands) if cg_prec != "ieee" else 0}
+def solve_constexprs(launch: SolveLaunch, cg_prec: str) -> dict:
+    """The CG kernels' constexprs for `launch` at CG dot precision cg_prec: SCAN, DIAG_PREC
+    and HALF (the index of launch.operands in SOLVE_OPERANDS; 0, fp32 operands, when
+    cg_prec is "ieee": fp32 inputs keep true fp32 products)."""
+    return {"SCAN": launch.weights_scan,
+            "DIAG_PREC": cg_prec if launch.diag_cg_prec else "ieee",
+            "HALF": SOLVE_OPERANDS.index(launch.operands) if cg_prec != "ieee" else 0}
 
 
 def _tol2(tol: float | None) -> float:
@@ -178,7 +138,7 @@ def mesa_fwd_solve(
     LAST_COMPILED["fwd"] = mesa_fwd_solve_kernel[grid](
         q, k, v, g, beta, lamb, h_kk, h_kv, q_star, o, float(scale), _tol2(tol), T, NT, steps,
         H=H, K=K, V=V, BT=chunk_size, BR=BR, BK=BK, BV=BV, HAS_TOL=tol is not None, PREC=prec, CG_PREC=cg_prec,
-        **launch.constexprs(cg_prec), num_warps=warps(launch.num_warps), num_stages=1,
+        **solve_constexprs(launch, cg_prec), num_warps=warps(launch.num_warps), num_stages=1,
     )
     return q_star, o
 
@@ -200,6 +160,6 @@ def mesa_bwd_solve(
     LAST_COMPILED["bwd"] = mesa_bwd_solve_kernel[grid](
         k, v, g, beta, lamb, h_kk, h_kv, q_star, do, y, dq, e, dlamb, float(scale), _tol2(tol),
         T, NT, steps, H=H, K=K, V=V, BT=chunk_size, BR=BR, BK=BK, BV=BV, HAS_TOL=tol is not None,
-        PREC=prec, CG_PREC=cg_prec, **launch.constexprs(cg_prec), num_warps=warps(launch.num_warps), num_stages=1,
+        PREC=prec, CG_PREC=cg_prec, **solve_constexprs(launch, cg_prec), num_warps=warps(launch.num_warps), num_stages=1,
     )
     return y, dq, e, dlamb.sum(0)

@@ -20,50 +20,15 @@ Layouts: k, a: [B, T, H, KA]; b: [B, T, H, D]; g, beta: [B, T, H]; per-chunk sta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+from kernels.common.launch import StateLaunch
 from kernels.common.triton.gates import log2_gates
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import new_buffer, warps
 from kernels.mesa.triton_system import load_gates
-
-
-@dataclass(frozen=True)
-class StateLaunch:
-    """Launch settings of the state passes (TUNING in triton_function.py picks them).
-
-    max_BK / max_BD: widest row / column block of a state (powers of two, 16 .. 128); the
-    column block narrows down to min_BD while there would be fewer than min_programs
-    programs per multiprocessor (each program walks every chunk in turn); num_warps,
-    num_stages: on a GPU."""
-
-    max_BK: int = 128
-    max_BD: int = 64
-    min_BD: int = 16
-    min_programs: int = 2
-    num_warps: int = 4
-    num_stages: int = 2
-
-    def __post_init__(self):
-        for name in ("max_BK", "max_BD", "min_BD"):
-            width = getattr(self, name)
-            if width not in (16, 32, 64, 128):
-                raise ValueError(f"mesa TUNING: states {name} must be one of 16, 32, 64, 128, got {width}")
-        if self.min_BD > self.max_BD:
-            raise ValueError(f"mesa TUNING: states min_BD ({self.min_BD}) exceeds max_BD ({self.max_BD})")
-
-    @classmethod
-    def from_tuning(cls, tuning: Mapping[str, object]) -> StateLaunch:
-        """From TUNING-style entries: states_BK, states_BD, states_min_BD, states_min_programs,
-        state_warps, states_stages (absent: the defaults above)."""
-        keys = {"max_BK": "states_BK", "max_BD": "states_BD", "min_BD": "states_min_BD",
-                "min_programs": "states_min_programs", "num_warps": "state_warps", "num_stages": "states_stages"}
-        return cls(**{field: int(tuning[key]) for field, key in keys.items() if key in tuning})
 
 
 @triton.jit

@@ -107,13 +107,14 @@ def assert_within(errors: dict, dtype: torch.dtype, label: str) -> None:
 
 
 @pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_fp16_T75_K64_V256"])
-def test_fused_state_output(monkeypatch, case):
-    """The forward with the output fused into the state pass (TUNING["fused_fwd"], off by
+def test_fused_state_output(case):
+    """The forward with the output fused into the state pass (DeltaLaunch.fused_fwd, off by
     default until timed), forced on: every output and gradient against fp64."""
-    from kernels.gated_delta_rule.triton_tuning import TUNING
+    from kernels.common.launch import launch_settings
 
-    monkeypatch.setitem(TUNING, "fused_fwd", dict(TUNING["fused_fwd"], enabled=1, min_heads=1))
-    errors = errors_of.__wrapped__(case)  # not the cached two-kernel figures
+    fused = {"fused_fwd": {"enabled": True, "min_heads": 1}}
+    with launch_settings(delta_rule=fused, gated_delta_rule=fused):
+        errors = errors_of.__wrapped__(case)  # not the cached two-kernel figures
     assert_within(errors, CASES[case][6], f"{case} fused")
 
 

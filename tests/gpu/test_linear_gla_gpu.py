@@ -145,13 +145,14 @@ def test_bf16_fused_forward(monkeypatch, gate, segments):
     """The fused forward (kernels/common/triton/fused_forward.py), which the benchmark shapes
     use from B * H = 64 on, forced here at B * H = 2; "segmented" also cuts the sequence into
     segments run in parallel (segment_programs = 1024: 128 chunks into 128 segments here)."""
-    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
+    from kernels.common.launch import launch_settings
+    from tests.launch_util import CHUNK_OPS, each, fused_forward_changes
 
-    for name in FUSED_FORWARD_ENTRIES:  # segments run below min_heads only
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=10**6 if segments else 1,
-                                               segment_programs=segments))
+    # segments run below min_heads only
+    fused = fused_forward_changes(min_heads=10**6 if segments else 1, segment_programs=segments)
     tensors, h0 = make_inputs(1, 8192, 2, 128, 128, torch.bfloat16, gate, "near0", seed=77)
-    errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 fused/{segments} T=8192 gate={gate}")
+    with launch_settings(**each(CHUNK_OPS, fused)):
+        errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 fused/{segments} T=8192 gate={gate}")
     assert_each(errors, TOL[torch.bfloat16], ROW_TOL[torch.bfloat16])
 
 
@@ -163,14 +164,14 @@ def test_fp16_and_large_head_dims(gate):
 
 
 @pytest.mark.parametrize("gate_kind", ["near0", "moderate", "strong"])
-def test_bf16_vector_one_launch_16_rows(monkeypatch, gate_kind):
+def test_bf16_vector_one_launch_16_rows(gate_kind):
     """Vector-gate settings off by default: the backward's paths in one launch, sub-chunks of
     16 rows in the forward and backward."""
-    from kernels.common.triton.launch import LAUNCH
+    from kernels.common.launch import launch_settings
 
-    monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=0, sub_chunk=16))
-    monkeypatch.setitem(LAUNCH, "intra_A", dict(LAUNCH["intra_A"], sub_chunk=16))
     tensors, h0 = make_inputs(1, 8192, 2, 128, 128, torch.bfloat16, "vector", gate_kind, seed=91)
-    errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16],
-                                label=f"bf16 one launch, 16 rows T=8192 gate=vector/{gate_kind}")
+    with launch_settings(gated_linear_attention={"bwd_dqkg": {"split_paths": False, "sub_chunk": 16},
+                                                 "intra_A": {"sub_chunk": 16}}):
+        errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16],
+                                    label=f"bf16 one launch, 16 rows T=8192 gate=vector/{gate_kind}")
     assert_each(errors, TOL[torch.bfloat16], ROW_TOL[torch.bfloat16])

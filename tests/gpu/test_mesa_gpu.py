@@ -5,7 +5,7 @@ torch.linalg.solve of every token's system) in fp64 on the same GPU, on the inpu
 kernels get: so the cases check that cg_steps of CG converge, not only that the kernels
 run CG as the chunked PyTorch form does. bf16 at T = 32k, 8192, 2100 and 300 with
 K = V = 128, fp32 at awkward K, V with a CG tolerance; the CG operand forms other than the
-default (TUNING["cg_operands"]) on cases of their own. The op runs through the public
+default (MesaLaunch's SolveLaunch.operands) on cases of their own. The op runs through the public
 `mesa(backend="triton")`, and each case asserts that its Triton entry point ran. Each
 output and each gradient (q, k, v, g, beta, lamb, both initial states) is its own test
 item, held to TOL (whole tensor) and ROW_TOL (worst row, tests/util.py); every buffer the
@@ -43,7 +43,7 @@ CASES = {
     "bf16_T2100_strong_vs_exact": (2, 2100, 2, 128, 128, torch.bfloat16, "strong", {"cg_steps": 30}),
     "fp32_T300_K100_V60_tol_vs_exact": (
         2, 300, 3, 100, 60, torch.float32, "near0", {"cg_steps": 100, "cg_tol": 1e-7}),
-    # each CG operand form (TUNING["cg_operands"]) named, whatever the default
+    # each CG operand form (SolveLaunch.operands, both solves) named, whatever the default
     "bf16_T8192_fp16_normed_vs_exact": (
         1, 8192, 2, 128, 128, torch.bfloat16, "near0", {"cg_steps": 30, "tuning": {"cg_operands": "fp16_normed"}}),
     "bf16_T2100_strong_fp16_normed_vs_exact": (
@@ -92,8 +92,9 @@ def _outputs_and_grads(fn, leaves, cotangents=None):
 def errors_of(case: str) -> dict:
     """Errors of every output and gradient of one case against the exact fp64 reference:
     rel_err under each quantity's name, row_err under "<name> (worst row)"."""
+    from kernels.common.launch import launch_settings
     from kernels.common.triton import utils
-    from kernels.mesa import mesa, triton_function
+    from kernels.mesa import mesa
     from kernels.mesa.reference import mesa_reference
     from kernels.mesa.state import MesaState
 
@@ -116,14 +117,12 @@ def errors_of(case: str) -> dict:
         return mesa_reference(*x[:6], scale, initial_state=MesaState(*x[6:]), output_final_state=True)
 
     utils.DEBUG.poison = True
-    saved = dict(triton_function.TUNING)
-    triton_function.TUNING.update(tuning)
+    operands = {part: {"operands": tuning["cg_operands"]} for part in ("fwd_solve", "bwd_solve")} if tuning else {}
     try:
-        got, cotangents = _outputs_and_grads(run_ours, ours)
+        with launch_settings(mesa=operands):
+            got, cotangents = _outputs_and_grads(run_ours, ours)
     finally:
         utils.DEBUG.poison = False
-        triton_function.TUNING.clear()
-        triton_function.TUNING.update(saved)
     want, _ = _outputs_and_grads(run_ref, ref, cotangents)
     errors = {name: rel_err(a, b) for name, a, b in zip(QUANTITIES, got, want)}
     errors.update({f"{name} (worst row)": row_err(a, b) for name, a, b in zip(QUANTITIES, got, want)})

@@ -80,24 +80,24 @@ def test_matches_reference(op, gates, T, with_state, dtype):
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("gates", ["strong", "reset"])
 @pytest.mark.parametrize("op", ["gla_scalar", "gla_vector"])
-def test_fused_forward(monkeypatch, op, gates, dtype):
+def test_fused_forward(op, gates, dtype):
     """The linear / GLA forward in one sequential pass (fused_forward.py), which the GPU runs
-    from LAUNCH's min_heads sequences of heads on, forced at B * H = 4."""
-    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
+    from its launch settings' min_heads sequences of heads on, forced at B * H = 4."""
+    from kernels.common.launch import launch_settings
+    from tests.launch_util import CHUNK_OPS, each, fused_forward_changes
 
-    for name in FUSED_FORWARD_ENTRIES:
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], enabled=1, min_heads=1))
-    for T in (63, 100):
-        run_case(op, gates, T, True, DTYPES[dtype], f"nan fused {op}/{gates} T={T} {dtype}")
+    with launch_settings(**each(CHUNK_OPS, fused_forward_changes(enabled=True, min_heads=1))):
+        for T in (63, 100):
+            run_case(op, gates, T, True, DTYPES[dtype], f"nan fused {op}/{gates} T={T} {dtype}")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("gates", ["strong", "reset"])
-def test_gdn_fused_state_output(monkeypatch, gates, dtype):
+def test_gdn_fused_state_output(gates, dtype):
     """The gated delta rule's forward with the output fused into the state pass
-    (TUNING["fused_fwd"], off by default), forced on."""
-    from kernels.gated_delta_rule.triton_tuning import TUNING
+    (DeltaLaunch.fused_fwd, off by default), forced on."""
+    from kernels.common.launch import launch_settings
 
-    monkeypatch.setitem(TUNING, "fused_fwd", dict(TUNING["fused_fwd"], enabled=1, min_heads=1))
-    for T in (63, 100):
-        run_case("gdn", gates, T, True, DTYPES[dtype], f"nan gdn fused/{gates} T={T} {dtype}")
+    with launch_settings(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}}):
+        for T in (63, 100):
+            run_case("gdn", gates, T, True, DTYPES[dtype], f"nan gdn fused/{gates} T={T} {dtype}")

@@ -11,8 +11,8 @@ chunks in order; per chunk it
     3. moves on: S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n.
 So outputs and states equal the two-kernel path's. The price is recomputing A once per
 V-block and fewer programs (B * H * V-blocks): with few sequences the chunks of one
-program run one after another. launch.LAUNCH["fwd_fused"] (and its _scalar / _vector
-entries) say when it is used: from min_heads sequences (B * H) on. Below that, with
+program run one after another. ChunkLaunch.fwd_fused (and its _scalar / _vector
+fields, kernels/common/launch.py) say when it is used: from min_heads sequences (B * H) on. Below that, with
 "segment_programs" > 0, each sequence is cut into segments of chunks that run in parallel,
 each from its entering state (segments.py: two cheap passes first), until about that many
 programs run; with 0 the two-kernel forward runs instead.
@@ -27,16 +27,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.launch import FusedForwardLaunch
 from kernels.common.triton.gates import GATE_VECTOR
-from kernels.common.triton.launch import (
-    FUSED_FORWARD_ENTRIES,
-    LAUNCH,
-    sequential_blocks,
-)
 from kernels.common.triton.segments import segment_entry_states
 from kernels.common.triton.states import _decay_rows
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import block_size, chunk_launch, dot_precision, new_buffer, sequential_blocks, warps
 
 MAX_K = 128  # the state tile is [K, BV] in registers
 
@@ -98,25 +94,34 @@ def chunk_fwd_fused_kernel(
             store_tile(ht + i_bh.to(tl.int64) * K * V, b_h, 0, i_v * BV, K, V, V, BK, BV)
 
 
+# the ChunkLaunch field of the fused forward, indexed by gate mode (GATE_NONE, GATE_SCALAR, GATE_VECTOR)
+FUSED_FORWARD_FIELDS = ("fwd_fused", "fwd_fused_scalar", "fwd_fused_vector")
+
+
 def launch_name(gate: int) -> str:
-    """The LAUNCH entry of the fused forward for a gate mode."""
-    return FUSED_FORWARD_ENTRIES[gate]
+    """The ChunkLaunch field of the fused forward for a gate mode."""
+    return FUSED_FORWARD_FIELDS[gate]
+
+
+def fused_launch(gate: int) -> FusedForwardLaunch:
+    """The fused forward's launch settings in effect for a gate mode."""
+    return getattr(chunk_launch(gate), launch_name(gate))
 
 
 def fused_forward_applies(K: int, n_heads: int, gate: int) -> bool:
     """Whether chunk_fwd_fused runs for key width K and n_heads = B * H sequences of heads
-    under the current LAUNCH settings: enabled, K <= 128, and either n_heads >= min_heads
+    under the launch settings in effect: enabled, K <= 128, and either n_heads >= min_heads
     (one sequential pass per sequence) or segment_programs > 0 (fewer sequences: each is cut
     into segments run in parallel)."""
-    cfg = LAUNCH[launch_name(gate)]
-    return bool(cfg["enabled"]) and K <= MAX_K and (n_heads >= cfg["min_heads"] or cfg["segment_programs"] > 0)
+    cfg = fused_launch(gate)
+    return cfg.enabled and K <= MAX_K and (n_heads >= cfg.min_heads or cfg.segment_programs > 0)
 
 
 def segment_target(n_heads: int, gate: int) -> int:
     """The program count segments should reach (0: no segments): LAUNCH's segment_programs
     when n_heads = B * H is below min_heads, else 0 (enough sequences to fill the GPU)."""
-    cfg = LAUNCH[launch_name(gate)]
-    return int(cfg["segment_programs"]) if n_heads < cfg["min_heads"] else 0
+    cfg = fused_launch(gate)
+    return cfg.segment_programs if n_heads < cfg.min_heads else 0
 
 
 def chunks_per_segment(NT: int, programs: int, target: int) -> int:
@@ -149,20 +154,19 @@ def chunk_fwd_fused(
     if gate == GATE_VECTOR and A is None:
         raise ValueError("chunk_fwd_fused: a vector gate needs its intra-chunk matrix A")
     NT = triton.cdiv(T, chunk_size)
-    name = launch_name(gate)
-    cfg = LAUNCH[name]
+    cfg = fused_launch(gate)
     BK = max(16, triton.next_power_of_2(K))
     target = segment_target(B * H, gate)
     if target > 0:  # segments bring the parallelism: keep the widest V-block
-        BV = block_size(V, cfg["BV"])
+        BV = block_size(V, cfg.BV)
     else:
-        _, BV = sequential_blocks(name, K, V, B * H, k.device)
+        _, BV = sequential_blocks(cfg, K, V, B * H, k.device)
     CPS = chunks_per_segment(NT, B * H * triton.cdiv(V, BV), target)
     S = triton.cdiv(NT, CPS)
     h_in = h0
     if S > 1:  # the state entering each segment (segments.py)
         h_in = segment_entry_states(k, v, gamma, gate, h0, chunk_size, CPS, BV, dot_precision(q.dtype),
-                                    cfg["num_warps"])
+                                    cfg.num_warps)
     o = new_buffer((B, T, H, V), v.dtype, v.device)
     # without stored states, k stands in for h's pointer (same dtype: the kernel rounds the
     # state it uses to it, as the two-kernel path reads it back)
@@ -174,6 +178,6 @@ def chunk_fwd_fused(
         h if h is not None else k, ht if ht is not None else o, o, scale, T, NT, CPS, S, H=H, K=K, V=V,
         BT=chunk_size, BK=BK, BV=BV, GATE=gate, HAS_A=A is not None, HAS_IN=h_in is not None,
         STORE_H=store_states, STORE_HT=output_final_state,
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return o, h, ht

@@ -21,9 +21,8 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.gates import GATE_SCALAR
-from kernels.common.triton.launch import LAUNCH
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import block_size, chunk_launch, dot_precision, new_buffer, warps
 
 
 @triton.jit
@@ -95,8 +94,8 @@ def chunk_bwd_dqk(
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    cfg = LAUNCH["bwd_dqk"]
-    BK, BV = block_size(K, cfg["BK"]), block_size(V, cfg["BV"])
+    cfg = chunk_launch(gate).bwd_dqk
+    BK, BV = block_size(K, cfg.BK), block_size(V, cfg.BV)
     NK = triton.cdiv(K, BK)
     dq = new_buffer((B, T, H, K), q.dtype, q.device)
     dk = new_buffer((B, T, H, K), k.dtype, k.device)
@@ -105,7 +104,7 @@ def chunk_bwd_dqk(
     chunk_bwd_dqk_kernel[grid](
         q, k, v, gamma if gamma is not None else q, h, do, dh, dq, dk, dg if dg is not None else dq,
         scale, T, NT, B * T * H, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate,
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     if dg is not None:
         dg = dg[0] if NK == 1 else dg.sum(0)

@@ -17,9 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.launch import LAUNCH
 from kernels.common.triton.tiles import load_gamma_rows, load_row, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import block_size, chunk_launch, dot_precision, new_buffer, warps
 
 
 @triton.jit
@@ -121,14 +120,14 @@ def chunk_fwd_output(
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    cfg = LAUNCH["fwd_output"]
-    BK, BV = block_size(K, cfg["BK"]), block_size(V, cfg["BV"])
+    cfg = chunk_launch(gate).fwd_output
+    BK, BV = block_size(K, cfg.BK), block_size(V, cfg.BV)
     o = new_buffer((B, T, H, V), v.dtype, v.device)
     grid = (triton.cdiv(V, BV), NT, B * H)
     chunk_fwd_output_kernel[grid](
         q, k, v, h, gamma if gamma is not None else q, A if A is not None else q, o, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate, HAS_A=A is not None,
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return o
 
@@ -142,13 +141,13 @@ def chunk_bwd_dv(
     B, T, H, K = q.shape
     V = do.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    cfg = LAUNCH["bwd_dv"]
-    BK, BV = block_size(K, cfg["BK"]), block_size(V, cfg["BV"])
+    cfg = chunk_launch(gate).bwd_dv
+    BK, BV = block_size(K, cfg.BK), block_size(V, cfg.BV)
     dv = new_buffer((B, T, H, V), do.dtype, do.device)
     grid = (triton.cdiv(V, BV), NT, B * H)
     chunk_bwd_dv_kernel[grid](
         q, k, gamma if gamma is not None else q, A if A is not None else q, do, dh, dv, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate, HAS_A=A is not None,
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dv

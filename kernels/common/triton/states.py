@@ -15,7 +15,7 @@ Layouts: k, q: [B, T, H, K]; v, do: [B, T, H, V]; gamma: [B, T, H] or [B, T, H, 
 log2 units (chunk_local_cumsum); per-chunk states: [B, H, NT, K, V] in `state_dtype`;
 h0, ht, dht, dh0: [B, H, K, V] fp32. Each program owns one (K-block, V-block) of one head
 and walks the chunks in order, keeping its block of the state in fp32 registers; tile
-widths and launch settings come from launch.LAUNCH.
+widths and launch settings come from the ChunkLaunch in effect (kernels/common/launch.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.gates import GATE_VECTOR
-from kernels.common.triton.launch import LAUNCH, sequential_blocks
 from kernels.common.triton.tiles import load_row, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import dot_precision, new_buffer, warps
+from kernels.common.triton.utils import chunk_launch, dot_precision, new_buffer, sequential_blocks, warps
 
 
 @triton.jit
@@ -137,8 +136,8 @@ def chunk_fwd_states(
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     name = "fwd_states_vector" if gate == GATE_VECTOR else "fwd_states"
-    BK, BV = sequential_blocks(name, K, V, B * H, k.device)
-    cfg = LAUNCH[name]
+    cfg = getattr(chunk_launch(gate), name)
+    BK, BV = sequential_blocks(cfg, K, V, B * H, k.device)
     h = new_buffer((B, H, NT, K, V), state_dtype or k.dtype, k.device)
     ht = new_buffer((B, H, K, V), torch.float32, k.device) if output_final_state else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
@@ -146,7 +145,7 @@ def chunk_fwd_states(
         k, v, gamma if gamma is not None else k, h, h0 if h0 is not None else h, ht if ht is not None else h,
         T, NT, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate,
         HAS_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=dot_precision(k.dtype),
-        num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return h, ht
 
@@ -166,8 +165,8 @@ def chunk_bwd_states(
     V = do.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     name = "bwd_states_vector" if gate == GATE_VECTOR else "bwd_states"
-    BK, BV = sequential_blocks(name, K, V, B * H, q.device)
-    cfg = LAUNCH[name]
+    cfg = getattr(chunk_launch(gate), name)
+    BK, BV = sequential_blocks(cfg, K, V, B * H, q.device)
     dh = new_buffer((B, H, NT, K, V), state_dtype or q.dtype, q.device)
     dh0 = new_buffer((B, H, K, V), torch.float32, q.device) if need_dh0 else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
@@ -176,6 +175,6 @@ def chunk_bwd_states(
         dht.contiguous().float() if dht is not None else dh, dh0 if dh0 is not None else dh,
         scale, T, NT, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate,
         HAS_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=dot_precision(q.dtype),
-        num_warps=warps(cfg["num_warps"]), num_stages=cfg["num_stages"],
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dh, dh0

@@ -13,6 +13,8 @@ import torch
 import triton
 
 from kernels.common.dispatch import triton_interpret
+from kernels.common.launch import ChunkLaunch, SequentialLaunch, settings
+from kernels.common.triton.gates import GATE_NONE
 
 VALID_CHUNK_SIZES = (16, 32, 64, 128)
 
@@ -83,3 +85,21 @@ def warps(gpu: int) -> int:
     """num_warps for a launch: the tuned value on a GPU, 1 under the interpreter (where it
     only multiplies the emulation work)."""
     return 1 if triton_interpret() else gpu
+
+
+def chunk_op(gate: int) -> str:
+    """The op whose launch settings a chunk-pipeline kernel with this gate mode runs under."""
+    return "linear_attention" if gate == GATE_NONE else "gated_linear_attention"
+
+
+def chunk_launch(gate: int) -> ChunkLaunch:
+    """The chunk pipeline's launch settings in effect for a gate mode (kernels/common/launch.py)."""
+    return settings(chunk_op(gate))
+
+
+def sequential_blocks(cfg: SequentialLaunch, K: int, V: int, n_heads: int, device: torch.device) -> tuple[int, int]:
+    """(BK, BV) of a sequential state pass under `cfg`: its caps, BV narrowed as
+    sequential_block_v says for n_heads = B * H sequences of K-blocks."""
+    BK = block_size(K, cfg.BK)
+    BV = sequential_block_v(V, cfg.BV, cfg.min_BV, cfg.min_waves, n_heads * triton.cdiv(K, BK), device)
+    return BK, BV

@@ -4,6 +4,7 @@ collection. Run GPU tests (tests/gpu) in a separate pytest session."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"
@@ -11,6 +12,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests.launch_util import CHUNK_OPS, each, fused_forward_changes  # noqa: E402
 from tests.util import rel_err, row_err  # noqa: E402
 
 pytest.importorskip("triton")
@@ -64,12 +66,22 @@ def compare():
 
 
 @pytest.fixture(autouse=True)
-def fused_forward_at_small_shapes(monkeypatch):
-    """The fused linear/GLA forward is used from LAUNCH's min_heads sequences of heads on (a
-    GPU setting); the small test shapes have a handful, so it is lowered to 1 here and the
-    generic tests run the fused path. The two-kernel path has tests of its own that switch
-    the fused one off."""
-    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
+def fused_forward_at_small_shapes():
+    """The fused linear/GLA forward is used from its launch settings' min_heads sequences of
+    heads on (a GPU setting); the small test shapes have a handful, so it is lowered to 1
+    here and the generic tests run the fused path. The two-kernel path has tests of its own
+    that switch the fused one off."""
+    from kernels.common.launch import launch_settings
 
-    for name in FUSED_FORWARD_ENTRIES:
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=1))
+    with launch_settings(**each(CHUNK_OPS, fused_forward_changes(min_heads=1))):
+        yield
+
+
+@pytest.fixture
+def launch():
+    """override(**ops): launch_settings(**ops) from the call to the end of the test, on top
+    of the settings in effect (calls stack, as monkeypatch's do)."""
+    from kernels.common.launch import launch_settings
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **ops: stack.enter_context(launch_settings(**ops))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kernels import delta_rule, gated_delta_rule
+from tests.launch_util import DELTA_OPS, each
 from tests.util import TOL, rel_err
 
 
@@ -114,12 +115,10 @@ def test_fp64_inputs_computed_in_fp32():
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
 @pytest.mark.parametrize("T", [1, 100])
-def test_fused_state_output_matches_reference(compare, monkeypatch, gated, T):
-    """The forward with the output fused into the state pass (TUNING["fused_fwd"], off by
+def test_fused_state_output_matches_reference(compare, launch, gated, T):
+    """The forward with the output fused into the state pass (DeltaLaunch.fused_fwd, off by
     default until timed on a GPU) forced on: outputs, final states and every gradient."""
-    from kernels.gated_delta_rule.triton_tuning import TUNING
-
-    monkeypatch.setitem(TUNING, "fused_fwd", dict(TUNING["fused_fwd"], enabled=1, min_heads=1))
+    launch(**each(DELTA_OPS, {"fused_fwd": {"enabled": True, "min_heads": 1}}))
     tensors, h0 = make_inputs(1, T, 2, 32, 16, torch.float32, seed=40 + T, gated=gated)
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[torch.float32])
 

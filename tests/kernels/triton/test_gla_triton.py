@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from kernels.gated_linear_attention import gated_linear_attention
 from kernels.gated_linear_attention.triton_vector import record_paths
+from tests.launch_util import CHUNK_OPS, each, fused_forward_changes
 from tests.util import TOL, TRITON_DECAY_TOL
 
 
@@ -106,17 +107,15 @@ def test_vector_gate_mixed_chunks(compare):
 
 
 @pytest.mark.parametrize("rows", [16, 4, 2])
-def test_vector_gate_exact_path_rows(compare, monkeypatch, rows):
-    """The exact path with sub-chunks of other heights than the default 8 (LAUNCH "sub_chunk"
+def test_vector_gate_exact_path_rows(compare, launch, rows):
+    """The exact path with sub-chunks of other heights than the default 8 (the launch's sub_chunk
     of the forward and backward kernels): gates of -1 to -3 a token, and -70 (over 64 bits
     in one step) at the second row of each chunk in one channel, so every chunk takes it;
     T = 100 leaves a partial chunk and sub-chunk. A chunk's gates sum to about -130 nats
     a channel: TRITON_DECAY_TOL."""
-    from kernels.common.triton.launch import LAUNCH
     from kernels.gated_linear_attention import triton_vector
 
-    for entry in ("intra_A", "bwd_dqkg"):
-        monkeypatch.setitem(LAUNCH, entry, dict(LAUNCH[entry], sub_chunk=rows))
+    launch(gated_linear_attention={entry: {"sub_chunk": rows} for entry in ("intra_A", "bwd_dqkg")})
     assert triton_vector.sub_chunk("intra_A", 64) == rows
     tensors, h0 = make_inputs(1, 100, 1, 16, 16, torch.float32, vector=True, seed=17)
     g = -1.0 - 2.0 * torch.rand(1, 100, 1, 16, generator=torch.Generator().manual_seed(17))
@@ -127,30 +126,28 @@ def test_vector_gate_exact_path_rows(compare, monkeypatch, rows):
     assert kernel_census(census, "bwd_dqkg") == [[2], [2]]
 
 
-def test_sub_chunk_must_be_a_power_of_two(monkeypatch):
-    from kernels.common.triton.launch import LAUNCH
-    from kernels.gated_linear_attention import triton_vector
+def test_sub_chunk_must_be_a_power_of_two():
+    from kernels.common.launch import launch_settings
 
-    monkeypatch.setitem(LAUNCH, "intra_A", dict(LAUNCH["intra_A"], sub_chunk=12))
-    with pytest.raises(ValueError, match="power of two"):
-        triton_vector.sub_chunk("intra_A", 64)
+    with pytest.raises(ValueError, match="sub_chunk must be one of"):
+        with launch_settings(gated_linear_attention={"intra_A": {"sub_chunk": 12}}):
+            pass
 
 
 @pytest.mark.parametrize("split", [1, 0], ids=["two_launches", "one_launch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32_three_paths", "fp16_exact_only"])
-def test_vector_gate_split_launches(compare, monkeypatch, dtype, split):
+def test_vector_gate_split_launches(compare, launch, dtype, split):
     """Chunks on all three paths of triton_vector.py in one call and one K-block (whole
     chunk factored, sub-chunks factored, exact), as the kernels report them; fp16 never
-    factors. LAUNCH["bwd_dqkg"]["split_paths"]: 1 (the default), the backward as one launch
+    factors. ChunkLaunch.bwd_dqkg.split_paths: 1 (the default), the backward as one launch
     per path (each program of one does nothing where its chunk takes another path; fp16
     launches the exact one alone); 0, one launch taking every path. Every chunk written
     (buffers start as NaN, the census starts at -1), every gradient right. The PyTorch copy
     of the path choice (chunk_paths, which benchmark records use) agrees with the kernels
     on every chunk and head."""
-    from kernels.common.triton.launch import LAUNCH
     from kernels.gated_linear_attention.triton_vector import chunk_paths
 
-    monkeypatch.setitem(LAUNCH, "bwd_dqkg", dict(LAUNCH["bwd_dqkg"], split_paths=split))
+    launch(gated_linear_attention={"bwd_dqkg": {"split_paths": split}})
     tensors, h0 = make_inputs(1, 200, 2, 16, 16, dtype, vector=True, seed=16)
     tensors["g"] = three_path_gates(1, 200, 2, 16, seed=16).to(dtype)
     with record_paths() as census:
@@ -162,13 +159,10 @@ def test_vector_gate_split_launches(compare, monkeypatch, dtype, split):
         assert torch.equal(chunk_paths(tensors["g"], dtype, 64, entry), census[entry][0].long()), entry
 
 
-def test_vector_gate_inter_after(compare, monkeypatch):
-    """LAUNCH "inter_after" 1: the backward's sums over V for the inter-chunk parts after
+def test_vector_gate_inter_after(compare, launch):
+    """inter_after on: the backward's sums over V for the inter-chunk parts after
     the intra-chunk part, on every path's launch."""
-    from kernels.common.triton.launch import LAUNCH
-
-    for entry in ("bwd_dqkg", "bwd_dqkg_sub", "bwd_dqkg_exact"):
-        monkeypatch.setitem(LAUNCH, entry, dict(LAUNCH[entry], inter_after=1))
+    launch(gated_linear_attention={entry: {"inter_after": True} for entry in ("bwd_dqkg", "bwd_dqkg_sub", "bwd_dqkg_exact")})
     tensors, h0 = make_inputs(1, 200, 1, 16, 16, torch.float32, vector=True, seed=20)
     tensors["g"] = three_path_gates(1, 200, 1, 16, seed=20)
     with record_paths() as census:
@@ -177,15 +171,12 @@ def test_vector_gate_inter_after(compare, monkeypatch):
 
 
 @pytest.mark.parametrize("rows", [16, 4, 1])
-def test_vector_gate_sub_path_rows(compare, monkeypatch, rows):
+def test_vector_gate_sub_path_rows(compare, launch, rows):
     """The sub-chunk factored path with sub-chunks of other heights than the default 8:
     16 rows (15 steps of up to 4.3 bits: still under 2^64), 4, and 1 (which every gate
     satisfies); T = 100 leaves a partial chunk and sub-chunk. A chunk's gates sum to about
     -130 nats a channel: TRITON_DECAY_TOL."""
-    from kernels.common.triton.launch import LAUNCH
-
-    for entry in ("intra_A", "bwd_dqkg"):
-        monkeypatch.setitem(LAUNCH, entry, dict(LAUNCH[entry], sub_chunk=rows))
+    launch(gated_linear_attention={entry: {"sub_chunk": rows} for entry in ("intra_A", "bwd_dqkg")})
     tensors, h0 = make_inputs(1, 100, 1, 16, 16, torch.float32, vector=True, seed=18)
     gen = torch.Generator().manual_seed(18)
     tensors["g"] = -1.0 - 2.0 * torch.rand(1, 100, 1, 16, generator=gen)
@@ -244,13 +235,11 @@ def test_scalar_gate_chunk_32_odd_dims(compare):
 
 
 @pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
-def test_two_kernel_forward_matches_reference(compare, monkeypatch, gate):
+def test_two_kernel_forward_matches_reference(compare, launch, gate):
     """The forward without the fused kernel (fwd_states + fwd_output, what K > 128 runs)."""
-    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
     from kernels.linear_attention import linear_attention
 
-    for name in FUSED_FORWARD_ENTRIES:
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], enabled=0))
+    launch(**each(CHUNK_OPS, fused_forward_changes(enabled=False)))
     tensors, h0 = make_inputs(1, 100, 2, 32, 16, torch.float32, gate == "vector", seed=21)
     if gate == "none":
         del tensors["g"]
@@ -285,16 +274,15 @@ def test_fused_forward_equals_two_kernels(gate):
 
 @pytest.mark.parametrize("target", [6, 10**6], ids=["3_segments", "1_chunk_each"])
 @pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
-def test_segmented_fused_forward_matches_reference(compare, monkeypatch, gate, target):
+def test_segmented_fused_forward_matches_reference(compare, monkeypatch, launch, gate, target):
     """The fused forward cut into segments run in parallel (segments.py), from an initial
     state, with the final state and every gradient: T = 300 is 5 chunks, cut into 3 segments
     (2 + 2 + 1 chunks) or into 5."""
     from kernels.common.triton import fused_forward
-    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
     from kernels.linear_attention import linear_attention
 
-    for name in FUSED_FORWARD_ENTRIES:  # segments run below min_heads only (conftest lowers it to 1)
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], min_heads=10**6, segment_programs=target))
+    # segments run below min_heads only (conftest lowers it to 1)
+    launch(**each(CHUNK_OPS, fused_forward_changes(min_heads=10**6, segment_programs=target)))
     tensors, h0 = make_inputs(1, 300, 2, 16, 16, torch.float32, gate == "vector", seed=31)
     if gate == "none":
         del tensors["g"]
@@ -316,15 +304,14 @@ def test_segments_split_the_chunks():
     assert chunks_per_segment(512, 64, 1056) == 32  # 16 segments
 
 
-def test_segments_only_below_min_heads(monkeypatch):
+def test_segments_only_below_min_heads(launch):
     """Segments replace the two-kernel forward only where the one-pass forward has too few
     sequences (B * H < min_heads); from min_heads on, one segment per sequence."""
     from kernels.common.triton.fused_forward import segment_target
-    from kernels.common.triton.launch import LAUNCH
 
-    monkeypatch.setitem(LAUNCH, "fwd_fused", dict(LAUNCH["fwd_fused"], min_heads=64, segment_programs=1056))
+    launch(linear_attention={"fwd_fused": {"min_heads": 64, "segment_programs": 1056}})
     assert segment_target(32, 0) == 1056 and segment_target(64, 0) == 0
-    monkeypatch.setitem(LAUNCH, "fwd_fused", dict(LAUNCH["fwd_fused"], segment_programs=0))
+    launch(linear_attention={"fwd_fused": {"segment_programs": 0}})
     assert segment_target(32, 0) == 0
 
 

@@ -19,7 +19,6 @@ one example costs seconds, and a failure prints the example that failed.
 from __future__ import annotations
 
 import contextlib
-from unittest import mock
 
 import pytest
 import torch
@@ -37,6 +36,7 @@ from kernels import (
     linearized_softmax_gdn,
     mesa,
 )
+from tests.launch_util import CHUNK_OPS, DELTA_OPS, small_tiles
 from tests.util import ROW_TOL, TOL, TRITON_DECAY_TOL, rel_err, row_err
 
 F64 = torch.float64
@@ -67,18 +67,12 @@ def shapes(draw, chunk_sizes=(16, 32, 64), max_chunks=3, min_K=1):
 def tile_caps(small: bool):
     """small: every BK / BV cap of the linear/GLA and delta-rule launch tables at 16 (min_BV
     too) and MesaNet's state blocks at 16, as in test_multi_block.py; else the defaults."""
-    from kernels.common.triton.launch import LAUNCH
-    from kernels.gated_delta_rule.triton_tuning import TUNING
-    from kernels.mesa import triton_function
+    from kernels.common import launch
 
     with contextlib.ExitStack() as stack:
         if small:
-            for table in (LAUNCH, TUNING):
-                lowered = {name: {**entry, **{key: 16 for key in ("BK", "BV", "min_BV") if key in entry}}
-                           for name, entry in table.items()}
-                stack.enter_context(mock.patch.dict(table, lowered))
-            stack.enter_context(mock.patch.dict(triton_function.TUNING,
-                                                {"states_BK": 16, "states_BD": 16, "states_min_BD": 16}))
+            ops = (*CHUNK_OPS, *DELTA_OPS, "mesa")
+            stack.enter_context(launch.launch_settings(**{op: small_tiles(launch.settings(op)) for op in ops}))
         yield
 
 

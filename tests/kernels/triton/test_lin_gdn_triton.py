@@ -104,9 +104,9 @@ def test_no_final_state_fp32():
     run_case(2, 100, 1, 16, 16, 9, torch.float32, seed=11, final=False)
 
 
-def test_scan_across_chunks_fp32(monkeypatch):
+def test_scan_across_chunks_fp32(launch):
     """16-row tiles: the preprocessing's carry crosses chunks (7 of them, the last partial)."""
-    monkeypatch.setitem(triton_prep.TUNING, "tile_elems", 256)
+    launch(linearized_softmax_gdn={"prep": {"tile_elems": 256}})
     run_case(1, 100, 2, 32, 16, 4, torch.float32, seed=12)
 
 
@@ -206,10 +206,10 @@ def assert_prep_within(errors, tol, row_tol):
     (100, 24, 40, 3, 512, torch.float32),  # feature blocks past K, V: masked columns
     (100, 32, 32, 0, 256, torch.float16),
 ])
-def test_prep_function_matches_loop(monkeypatch, T, K, V, count, tile_elems, dtype):
+def test_prep_function_matches_loop(launch, T, K, V, count, tile_elems, dtype):
     """LinGDNPrepFunction against running_means_loop in fp64: the five outputs and the
     gradients of k, v and the state's sums under random cotangents of all five outputs."""
-    monkeypatch.setitem(triton_prep.TUNING, "tile_elems", tile_elems)
+    launch(linearized_softmax_gdn={"prep": {"tile_elems": tile_elems}})
     B, H = 2, 2
     leaves = prep_leaves(B, T, H, K, V, count, seed=T + count)
     leaves[:2] = [x.to(dtype) for x in leaves[:2]]

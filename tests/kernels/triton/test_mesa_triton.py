@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.mesa import MesaState, mesa, triton_function
+from kernels.mesa import MesaState, mesa
 from tests.util import ROW_TOL, TOL, rel_err, row_err
 
 F64 = torch.float64
@@ -131,21 +131,20 @@ def test_extremes_fp32(regime):
     check(leaves, torch.float32, TOL[torch.float32], cg_steps=40)
 
 
-def test_fp16_half_chunk_rows(monkeypatch):
+def test_fp16_half_chunk_rows(launch):
     """fp16 inputs (fp32 states and CG), and CG programs of half a chunk of rows each."""
-    monkeypatch.setitem(triton_function.TUNING, "rows", 32)
+    launch(mesa={"fwd_solve": {"rows": 32}})
     leaves = make_inputs(1, 80, 1, 16, 16, seed=5)
     check(leaves, torch.float16, TOL[torch.float16], cg_steps=32)
 
 
 @pytest.mark.parametrize("operands", ["fp32", "fp16_scaled", "fp16_normed"])
 @pytest.mark.parametrize("rows", [64, 32])
-def test_cg_operands(monkeypatch, rows, operands):
-    """Each TUNING["cg_operands"] form at both block heights, fp16 inputs, against the exact
-    fp64 solve."""
-    monkeypatch.setitem(triton_function.TUNING, "cg_operands", operands)
-    monkeypatch.setitem(triton_function.TUNING, "rows", rows)
-    monkeypatch.setitem(triton_function.TUNING, "bwd_rows", 96 - rows)  # the backward at the other height
+def test_cg_operands(launch, rows, operands):
+    """Each CG operand form (SolveLaunch.operands) at both block heights, fp16 inputs,
+    against the exact fp64 solve."""
+    # the backward at the other height
+    launch(mesa={"fwd_solve": {"operands": operands, "rows": rows}, "bwd_solve": {"operands": operands, "rows": 96 - rows}})
     check(make_inputs(1, 80, 1, 16, 16, seed=6), torch.float16, TOL[torch.float16], cg_steps=32)
 
 
@@ -164,7 +163,7 @@ ILL_CONDITIONED_BOUNDS = {
 
 
 @pytest.mark.parametrize("operands", list(ILL_CONDITIONED_BOUNDS))
-def test_fp16_cg_operands_ill_conditioned(monkeypatch, operands):
+def test_fp16_cg_operands_ill_conditioned(launch, operands):
     """Small lamb with a tolerance stop, fp16 inputs, each CG operand form: o, final states
     and every gradient against the exact fp64 solve of the same (rounded) inputs, after
     showing that CG at these settings converges there in fp64."""
@@ -172,13 +171,13 @@ def test_fp16_cg_operands_ill_conditioned(monkeypatch, operands):
     options = {"cg_steps": 48, "cg_tol": 1e-7}
     exact = exact_for(leaves, torch.float16)
     assert_cg_converges(leaves, torch.float16, exact, **options)
-    monkeypatch.setitem(triton_function.TUNING, "cg_operands", operands)
+    launch(mesa={"fwd_solve": {"operands": operands}, "bwd_solve": {"operands": operands}})
     ours = run(leaves, torch.float16, "triton", **options)
     assert_within(errors_against(ours, exact), *ILL_CONDITIONED_BOUNDS[operands])
 
 
 @pytest.mark.parametrize("operands", ["fp16_scaled", "fp16_normed"])
-def test_fp16_operands_long_after_convergence(monkeypatch, operands):
+def test_fp16_operands_long_after_convergence(launch, operands):
     """The fp16 operand forms run far past convergence (200 steps): the recursive residual
     of a row shrinks towards fp32's underflow, where the H200 flushed ||r||^2 to zero while
     r was not and fp16_normed's scale 1 / ||p|| turned p into fp16 infinities (NaN in 55% of
@@ -192,7 +191,7 @@ def test_fp16_operands_long_after_convergence(monkeypatch, operands):
     options = {"cg_steps": 200}
     exact = exact_for(leaves, torch.float16)
     assert_cg_converges(leaves, torch.float16, exact, **options)
-    monkeypatch.setitem(triton_function.TUNING, "cg_operands", operands)
+    launch(mesa={"fwd_solve": {"operands": operands}, "bwd_solve": {"operands": operands}})
     ours = run(leaves, torch.float16, "triton", **options)
     for name, a in zip(NAMES, ours):
         assert torch.isfinite(a).all(), name
@@ -200,22 +199,23 @@ def test_fp16_operands_long_after_convergence(monkeypatch, operands):
 
 
 def test_bad_cg_settings():
-    from kernels.mesa.triton_solve import SolveLaunch
+    from kernels.common.launch import SolveLaunch, launch_settings
 
-    with pytest.raises(ValueError, match="resident=0"):  # the removed streaming form
-        SolveLaunch.from_tuning({**triton_function.TUNING, "resident": 0})
-    with pytest.raises(ValueError, match="cg_operands"):
-        SolveLaunch.from_tuning({**triton_function.TUNING, "cg_operands": "bf16"})
+    with pytest.raises(ValueError, match="no setting 'resident'"):  # the removed streaming form has no switch
+        with launch_settings(mesa={"fwd_solve": {"resident": 0}}):
+            pass
+    with pytest.raises(ValueError, match="operands"):
+        SolveLaunch(operands="bf16")
 
 
 def test_bad_state_settings():
-    from kernels.mesa.triton_states import StateLaunch
+    from kernels.common.launch import StateLaunch, launch_settings
 
-    assert StateLaunch.from_tuning(triton_function.TUNING) == StateLaunch()  # TUNING names the defaults
-    with pytest.raises(ValueError, match="max_BK must be one of 16, 32, 64, 128, got 48"):
-        StateLaunch.from_tuning({**triton_function.TUNING, "states_BK": 48})
+    with pytest.raises(ValueError, match=r"max_BK must be one of \[16, 32, 64, 128\], got 48"):
+        StateLaunch(max_BK=48)
     with pytest.raises(ValueError, match="min_BD"):
-        StateLaunch.from_tuning({**triton_function.TUNING, "states_min_BD": 64, "states_BD": 32})
+        with launch_settings(mesa={"states": {"min_BD": 64, "max_BD": 32}}):
+            pass
 
 
 def test_without_state_and_tolerance():
@@ -243,12 +243,11 @@ def test_unconverged_matches_torch_backend():
 
 
 @pytest.mark.parametrize("dtype,rows,chunk_size", [(torch.float32, 16, 32), (torch.float16, 64, 64)])
-def test_prologue_options(monkeypatch, dtype, rows, chunk_size):
+def test_prologue_options(launch, dtype, rows, chunk_size):
     """Segment sums by a running sum (weights_scan) and diag(M) at the CG loop's precision
-    (diag_prec="cg"), for blocks of rows starting inside a chunk (rows < chunk) and not;
+    (diag_cg_prec), for blocks of rows starting inside a chunk (rows < chunk) and not;
     strong gates make the segment sums span several orders of magnitude."""
-    for name, value in (("weights_scan", 1), ("diag_prec", "cg"), ("rows", rows)):
-        monkeypatch.setitem(triton_function.TUNING, name, value)
+    launch(mesa={"fwd_solve": {"weights_scan": True, "diag_cg_prec": True, "rows": rows}})
     leaves = make_inputs(1, 75, 1, 16, 16, seed=13, g=(-3.0, -0.01))
     check(leaves, dtype, TOL[dtype], chunk_size=chunk_size, cg_steps=32)
 

@@ -16,24 +16,21 @@ import torch
 from kernels import delta_rule, gated_delta_rule, gated_linear_attention, linear_attention
 from kernels.gated_linear_attention.triton_vector import record_paths
 from tests.kernels.triton import test_delta_triton, test_gla_triton, test_linear_triton
+from tests.launch_util import CHUNK_OPS, DELTA_OPS, FUSED_FORWARD_FIELDS, each, small_tiles
 from tests.util import TOL, TRITON_DECAY_TOL
 
 B, T, H, K, V, CHUNK = 1, 40, 2, 40, 40, 16
 
 
 @pytest.fixture(autouse=True)
-def small_tiles(monkeypatch):
-    """Every BK / BV cap of the launch tables at 16 (min_BV too), the fused forwards allowed
+def small_tiles_everywhere():
+    """Every BK / BV cap of the launch settings at 16 (min_BV too), the fused forwards allowed
     from one head, the delta rule's fused state+output pass on and off by test."""
-    from kernels.common.triton.launch import LAUNCH
-    from kernels.gated_delta_rule.triton_tuning import TUNING
+    from kernels.common.launch import launch_settings, settings
 
-    for table in (LAUNCH, TUNING):
-        for name, entry in list(table.items()):
-            small = {key: 16 for key in ("BK", "BV", "min_BV") if key in entry}
-            if "min_heads" in entry:
-                small["min_heads"] = 1
-            monkeypatch.setitem(table, name, {**entry, **small})
+    ops = (*CHUNK_OPS, *DELTA_OPS)
+    with launch_settings(**{op: small_tiles(settings(op), min_heads=1) for op in ops}):
+        yield
 
 
 FORWARDS = {  # the linear/GLA forward: (enabled, min_heads, segment_programs) of the fused entries
@@ -43,28 +40,31 @@ FORWARDS = {  # the linear/GLA forward: (enabled, min_heads, segment_programs) o
 }
 
 
-def _forward(monkeypatch, name: str) -> None:
-    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
+def _forward(launch, name: str) -> None:
+    from kernels.common.launch import settings
 
     enabled, min_heads, segments = FORWARDS[name]
-    for entry in FUSED_FORWARD_ENTRIES:
-        setting = {**LAUNCH[entry], "enabled": enabled, "min_heads": min_heads}
-        if segments is not None and setting["segment_programs"]:
-            setting["segment_programs"] = segments
-        monkeypatch.setitem(LAUNCH, entry, setting)
+    for op in CHUNK_OPS:
+        changes = {}
+        for entry in FUSED_FORWARD_FIELDS:
+            setting = {"enabled": enabled, "min_heads": min_heads}
+            if segments is not None and getattr(settings(op), entry).segment_programs:
+                setting["segment_programs"] = segments
+            changes[entry] = setting
+        launch(**{op: changes})
 
 
 @pytest.mark.parametrize("forward", list(FORWARDS))
-def test_linear_attention(compare, monkeypatch, forward):
-    _forward(monkeypatch, forward)
+def test_linear_attention(compare, launch, forward):
+    _forward(launch, forward)
     tensors, h0 = test_linear_triton.make_inputs(B, T, H, K, V, torch.float32, seed=1)
     compare(linear_attention, tensors, h0, TOL[torch.float32], chunk_size=CHUNK)
 
 
 @pytest.mark.parametrize("forward", list(FORWARDS))
 @pytest.mark.parametrize("vector", [False, True], ids=["scalar", "vector"])
-def test_gated_linear_attention(compare, monkeypatch, vector, forward):
-    _forward(monkeypatch, forward)
+def test_gated_linear_attention(compare, launch, vector, forward):
+    _forward(launch, forward)
     tensors, h0 = test_gla_triton.make_inputs(B, T, H, K, V, torch.float32, vector, seed=2)
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32], chunk_size=CHUNK)
 
@@ -89,10 +89,8 @@ def test_gated_linear_attention_vector_gate_every_path(compare):
 
 @pytest.mark.parametrize("fused", [0, 1], ids=["two_kernels", "fused"])
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
-def test_delta_rules(compare, monkeypatch, gated, fused):
-    from kernels.gated_delta_rule.triton_tuning import TUNING
-
-    monkeypatch.setitem(TUNING, "fused_fwd", {**TUNING["fused_fwd"], "enabled": fused})
+def test_delta_rules(compare, launch, gated, fused):
+    launch(**each(DELTA_OPS, {"fused_fwd": {"enabled": fused}}))
     # the delta-rule kernels take chunks of 64 only: 150 tokens are two and a ragged third
     tensors, h0 = test_delta_triton.make_inputs(B, 150, H, K, V, torch.float32, seed=3, gated=gated)
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[torch.float32], chunk_size=64)
@@ -132,26 +130,24 @@ def test_gated_linear_attention_vector_gate_reference_rows_per_block(compare):
         assert test_gla_triton.kernel_census(census, entry) == [[0, 0, 2]] * 3, entry
 
 
-def test_the_shapes_really_span_blocks_and_segments(monkeypatch):
+def test_the_shapes_really_span_blocks_and_segments(launch):
+    from kernels.common.launch import settings
     from kernels.common.triton.fused_forward import chunks_per_segment, segment_target
-    from kernels.common.triton.launch import LAUNCH
     from kernels.common.triton.utils import block_size
 
-    assert K > 2 * block_size(K, LAUNCH["bwd_dqk"]["BK"]) and K % 16 and V % 16 and T % CHUNK
-    _forward(monkeypatch, "segmented")
+    assert K > 2 * block_size(K, settings("linear_attention").bwd_dqk.BK) and K % 16 and V % 16 and T % CHUNK
+    _forward(launch, "segmented")
     NT, programs = -(-T // CHUNK), B * H * -(-V // 16)
     assert chunks_per_segment(NT, programs, segment_target(B * H, 0)) < NT
 
 
-def test_mesa(monkeypatch):
+def test_mesa(launch):
     """MesaNet: the state passes' blocks lowered to 16 over K = 40 (and D = K or V), and V = 80
     against the solve and gradient kernels' fixed 64-wide V-block: two V-blocks, the second
     partial."""
-    from kernels.mesa import triton_function
     from tests.kernels.triton import test_mesa_triton
 
-    for key in ("states_BK", "states_BD", "states_min_BD"):
-        monkeypatch.setitem(triton_function.TUNING, key, 16)
+    launch(mesa={"states": {"max_BK": 16, "max_BD": 16, "min_BD": 16}})
     leaves = test_mesa_triton.make_inputs(B, T, 1, K, 80, seed=8)
     test_mesa_triton.check(leaves, torch.float32, TOL[torch.float32], chunk_size=CHUNK, cg_steps=K + 16)
 

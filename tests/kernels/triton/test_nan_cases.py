@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.tiles import load_gamma_rows
+from tests.launch_util import CHUNK_OPS, each, fused_forward_changes
 from tests.nan_cases import GATED, LENGTHS, UNGATED, check_case, make_leaves, outputs_and_grads
 
 CASES = ([(op, gates) for op in GATED for gates in ("strong", "reset")]
@@ -46,24 +47,19 @@ def test_matches_reference(op, gates, T, with_state, backend):
 
 @pytest.mark.parametrize("gates", ["strong", "reset"])
 @pytest.mark.parametrize("op", ["gla_scalar", "gla_vector"])
-def test_two_kernel_forward(monkeypatch, op, gates):
+def test_two_kernel_forward(launch, op, gates):
     """The linear / GLA forward as states (states.py) then outputs (output.py)."""
-    from kernels.common.triton.launch import FUSED_FORWARD_ENTRIES, LAUNCH
-
-    for name in FUSED_FORWARD_ENTRIES:
-        monkeypatch.setitem(LAUNCH, name, dict(LAUNCH[name], enabled=0))
+    launch(**each(CHUNK_OPS, fused_forward_changes(enabled=False)))
     for T in (63, 100):
         ours = outputs_and_grads(op, make_leaves(op, T, gates, True), torch.float32, "triton")
         check_case(op, gates, ours, reference(op, gates, T, True), "triton", torch.float32)
 
 
 @pytest.mark.parametrize("gates", ["strong", "reset"])
-def test_gdn_fused_state_output(monkeypatch, gates):
+def test_gdn_fused_state_output(launch, gates):
     """The gated delta rule's forward with the output fused into the state pass
-    (TUNING["fused_fwd"], off by default), forced on."""
-    from kernels.gated_delta_rule.triton_tuning import TUNING
-
-    monkeypatch.setitem(TUNING, "fused_fwd", dict(TUNING["fused_fwd"], enabled=1, min_heads=1))
+    (DeltaLaunch.fused_fwd, off by default), forced on."""
+    launch(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}})
     for T in (63, 100):
         ours = outputs_and_grads("gdn", make_leaves("gdn", T, gates, True), torch.float32, "triton")
         check_case("gdn", gates, ours, reference("gdn", gates, T, True), "triton", torch.float32)

@@ -1,0 +1,477 @@
+"""Launch settings of the Triton kernels: frozen typed objects, one per kernel, one per op.
+
+Each Triton kernel has a frozen dataclass of what its launch takes besides the tensors:
+tile caps (BK over keys, BV over values: powers of two, capped by the next power of two of
+the real dimension, at least 16), num_warps, num_stages and the kernel's own switches. An
+op's settings object groups its kernels' objects (ChunkLaunch for linear_attention and
+gated_linear_attention, DeltaLaunch for delta_rule and gated_delta_rule, MesaLaunch,
+LinGdnLaunch); DEFAULTS holds one per op, and nothing here is ever changed in place.
+
+    settings("gated_delta_rule").wy_fwd.num_warps              # the settings in effect
+    with launch_settings(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}}):
+        ...                                                     # overridden inside the block
+    settings_in_effect(["gated_delta_rule"])                   # as a JSON-able dict
+
+launch_settings keeps its overrides in a context variable, so they hold for the code inside
+the block (and in the same thread) only, and nest. Autograd may run a backward on another
+thread, where the variable holds its defaults: the Triton ops therefore read their settings
+when the forward runs and hand them to their backward explicitly (encode / decode).
+
+Runs record what their Triton ops used: within `recording_launches()`, each op's forward
+calls note_launch(op) and the settings it ran with land in the yielded dict, which the
+runner writes into the run record's `launch` field.
+
+The defaults were measured on one H200 at K = V = 128 (results/bench/h200_linear_gla.json,
+h200_linear_gla_tune.json, h200_delta.json, h200_mesa.json); benchmarks time alternatives
+by running under launch_settings. This module imports neither torch nor triton.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+TILE_WIDTHS = (16, 32, 64, 128, 256)
+
+
+def _check_pow2(owner: object, name: str, allowed: tuple[int, ...] = TILE_WIDTHS) -> None:
+    value = getattr(owner, name)
+    if value not in allowed:
+        raise ValueError(f"{type(owner).__name__}.{name} must be one of {list(allowed)}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelLaunch:
+    """num_warps and num_stages of one kernel's launch (the interpreter runs 1 warp whatever
+    num_warps says: kernels/common/triton/utils.warps)."""
+
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        _check_pow2(self, "num_warps", (1, 2, 4, 8, 16, 32))
+        if self.num_stages < 1:
+            raise ValueError(f"{type(self).__name__}.num_stages must be >= 1, got {self.num_stages!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TileLaunch(KernelLaunch):
+    """A kernel tiled over keys (BK) and values (BV)."""
+
+    BK: int = 64
+    BV: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_pow2(self, "BK")
+        _check_pow2(self, "BV")
+
+
+@dataclasses.dataclass(frozen=True)
+class SequentialLaunch(TileLaunch):
+    """A state pass that walks a sequence's chunks in order in one program: with few
+    sequences it halves BV, down to min_BV, while the grid would fill fewer than min_waves
+    waves of the GPU's multiprocessors (kernels/common/triton/utils.sequential_block_v)."""
+
+    min_BV: int = 32
+    min_waves: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_pow2(self, "min_BV")
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedForwardLaunch(SequentialLaunch):
+    """The linear/GLA forward's states and outputs in one sequential pass
+    (kernels/common/triton/fused_forward.py), used when enabled, K <= 128 and
+    B * H >= min_heads; below min_heads, segment_programs > 0 cuts each sequence into
+    segments run in parallel until about that many programs run (0: the two-kernel
+    forward there)."""
+
+    enabled: bool = True
+    min_heads: int = 64
+    segment_programs: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class IntraALaunch(KernelLaunch):
+    """The vector-gate intra-chunk matrix (gated_linear_attention/triton_vector.py):
+    sub_chunk rows per sub-chunk of its sub-chunk paths (a power of two, at most the chunk)."""
+
+    BK: int = 128
+    sub_chunk: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_pow2(self, "BK")
+        _check_pow2(self, "sub_chunk", (1, 2, 4, 8, 16, 32, 64, 128))
+
+
+@dataclasses.dataclass(frozen=True)
+class PathLaunch(KernelLaunch):
+    """One path's launch of the vector-gate dq/dk/dg kernel when the paths run apart.
+    inter_after: the inter-chunk sums over V after the intra-chunk ones (fewer live registers
+    in the intra part, a second pass over V)."""
+
+    inter_after: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DqkgLaunch(TileLaunch):
+    """The vector-gate dq/dk/dg kernel (gated_linear_attention/triton_vector.py).
+    split_paths: one launch per path (whole chunk factored with these settings, sub-chunks
+    factored with bwd_dqkg_sub's, exact with bwd_dqkg_exact's); False: one launch choosing
+    per chunk. sub_chunk, inter_after: as in IntraALaunch and PathLaunch."""
+
+    split_paths: bool = True
+    sub_chunk: int = 8
+    inter_after: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_pow2(self, "sub_chunk", (1, 2, 4, 8, 16, 32, 64, 128))
+
+
+def _fused(**kw: Any) -> FusedForwardLaunch:
+    return FusedForwardLaunch(**kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkLaunch:
+    """Launch settings of the chunk pipeline of linear_attention and gated_linear_attention
+    (kernels/common/triton, gated_linear_attention/triton_vector.py). The fused forward and
+    the state passes have one entry per gate mode where their best settings differ."""
+
+    # fused forward, ungated: 0.46 ms vs 0.68 for two kernels at B * H = 512 (T = 2048), but
+    # slower at B * H = 32 (T = 32768) unless cut into segments (0.78 -> 0.67 ms in 16)
+    fwd_fused: FusedForwardLaunch = _fused(enabled=True, min_heads=64, segment_programs=1056, BK=128, BV=64,
+                                           min_BV=16, min_waves=2, num_warps=4, num_stages=2)
+    # scalar gate: the fused pass loses below B * H = 256; 3 segments are the fastest at 128
+    fwd_fused_scalar: FusedForwardLaunch = _fused(enabled=True, min_heads=256, segment_programs=792, BK=128, BV=64,
+                                                  min_BV=16, min_waves=2, num_warps=4, num_stages=2)
+    # vector gate: BV 128 with 8 warps; its segments lose at T = 8192, so none
+    fwd_fused_vector: FusedForwardLaunch = _fused(enabled=True, min_heads=256, segment_programs=0, BK=128, BV=128,
+                                                  min_BV=16, min_waves=2, num_warps=8, num_stages=2)
+    fwd_states: SequentialLaunch = SequentialLaunch(BK=128, BV=64, min_BV=32, min_waves=2, num_warps=4, num_stages=3)
+    bwd_states: SequentialLaunch = SequentialLaunch(BK=128, BV=64, min_BV=32, min_waves=2, num_warps=4, num_stages=3)
+    # a vector gate's passes are slower with 3 stages
+    fwd_states_vector: SequentialLaunch = SequentialLaunch(BK=64, BV=64, min_BV=32, min_waves=2, num_warps=4,
+                                                           num_stages=2)
+    bwd_states_vector: SequentialLaunch = SequentialLaunch(BK=64, BV=64, min_BV=32, min_waves=2, num_warps=4,
+                                                           num_stages=2)
+    # BV 128: one program per chunk computes the intra-chunk matrix once
+    fwd_output: TileLaunch = TileLaunch(BK=64, BV=128, num_warps=4, num_stages=2)
+    bwd_dv: TileLaunch = TileLaunch(BK=64, BV=128, num_warps=4, num_stages=2)
+    bwd_dqk: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
+    # the whole K in one tile; 8-row sub-chunks halve the exact path's element-wise work
+    intra_A: IntraALaunch = IntraALaunch(BK=128, sub_chunk=8, num_warps=4, num_stages=1)
+    bwd_dqkg: DqkgLaunch = DqkgLaunch(BK=64, BV=64, split_paths=True, sub_chunk=8, inter_after=False, num_warps=4,
+                                      num_stages=1)
+    # 8 warps: at 4 the sub-chunk path spills registers (tests/compile_sm90.py --resources)
+    bwd_dqkg_sub: PathLaunch = PathLaunch(num_warps=8, num_stages=1, inter_after=False)
+    bwd_dqkg_exact: PathLaunch = PathLaunch(num_warps=8, num_stages=1, inter_after=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class WyFwdLaunch(TileLaunch):
+    """The delta rules' per-chunk WY preparation. tf32_solve: the chunk inverse of 16-bit
+    inputs on tf32 tensor cores (the inverse is rounded to 16 bits anyway); False: true fp32."""
+
+    tf32_solve: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class StatePassLaunch(KernelLaunch):
+    """A delta-rule state pass (the whole K in registers, V in blocks of at most BV)."""
+
+    BV: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_pow2(self, "BV")
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedStateLaunch(StatePassLaunch):
+    """The delta-rule forward state pass with the output fused, from min_heads = B * H on."""
+
+    enabled: bool = False
+    min_heads: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class NarrowingLaunch:
+    """How the delta rules' sequential passes narrow their V-block: halved, down to min_BV,
+    while heads x V-blocks would fill fewer than min_waves waves of the GPU."""
+
+    min_BV: int = 32
+    min_waves: int = 2
+
+    def __post_init__(self) -> None:
+        _check_pow2(self, "min_BV")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaLaunch:
+    """Launch settings of the delta_rule / gated_delta_rule kernels (kernels/gated_delta_rule).
+    num_warps 8 is avoided on Hopper (miscompiles seen with Triton 3.4 to 3.7) and measured
+    1.6-1.8x slower for wy_fwd, dqkw and wy_bwd."""
+
+    # 2 warps and the tf32 solve: 1.54 -> 0.55 ms at T = 8192, bf16
+    wy_fwd: WyFwdLaunch = WyFwdLaunch(BK=64, BV=64, num_warps=2, num_stages=2, tf32_solve=True)
+    state_fwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=2)
+    # off until timed on a GPU (the linear-attention analogue wins at B * H >= 64)
+    fused_fwd: FusedStateLaunch = FusedStateLaunch(enabled=False, min_heads=64, BV=64, num_warps=4, num_stages=2)
+    output_fwd: TileLaunch = TileLaunch(BK=128, BV=128, num_warps=4, num_stages=2)
+    du_local: TileLaunch = TileLaunch(BK=128, BV=128, num_warps=4, num_stages=2)
+    state_bwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=2)
+    dqkw: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
+    wy_bwd: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=1)
+    seq: NarrowingLaunch = NarrowingLaunch(min_BV=32, min_waves=2)
+
+
+SOLVE_OPERANDS = ("fp32", "fp16_scaled", "fp16_normed")
+DOT_PRECISIONS = ("ieee", "tf32", "tf32x3")
+
+
+@dataclasses.dataclass(frozen=True)
+class SolveLaunch:
+    """Launch settings of mesa's CG kernels (kernels/mesa/triton_solve.py).
+
+    rows: rows (tokens) per program, the chunk or a fraction of it; num_warps: on a GPU;
+    weights_scan: segment sums by a running sum instead of an fp32 FMA product
+    (chunk_weights); diag_cg_prec: diag(M) (the Jacobi start only) at the CG loop's dot
+    precision instead of fp32 FMAs (the same for fp32 inputs); operands: the CG mat-vecs'
+    operands, "fp32" (tiles at the CG dot precision) or fp16 scaled per row, by its largest
+    entry ("fp16_scaled", triton_system.matvec_half) or by a norm the CG loop carries
+    ("fp16_normed", matvec_normed: no row reductions per mat-vec); the fp16 forms apply to
+    16-bit inputs only (fp32 inputs keep true fp32 products)."""
+
+    rows: int = 64
+    num_warps: int = 8
+    weights_scan: bool = False
+    diag_cg_prec: bool = False
+    operands: str = "fp32"
+
+    def __post_init__(self) -> None:
+        _check_pow2(self, "num_warps", (1, 2, 4, 8, 16, 32))
+        if self.operands not in SOLVE_OPERANDS:
+            raise ValueError(f"SolveLaunch.operands must be one of {SOLVE_OPERANDS}, got {self.operands!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StateLaunch:
+    """Launch settings of mesa's state passes (kernels/mesa/triton_states.py).
+
+    max_BK / max_BD: widest row / column block of a state (powers of two, 16 .. 128); the
+    column block narrows down to min_BD while there would be fewer than min_programs
+    programs per multiprocessor (each program walks every chunk in turn); num_warps,
+    num_stages: on a GPU."""
+
+    max_BK: int = 128
+    max_BD: int = 64
+    min_BD: int = 16
+    min_programs: int = 2
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("max_BK", "max_BD", "min_BD"):
+            _check_pow2(self, name, (16, 32, 64, 128))
+        if self.min_BD > self.max_BD:
+            raise ValueError(f"StateLaunch.min_BD ({self.min_BD}) exceeds max_BD ({self.max_BD})")
+
+
+@dataclasses.dataclass(frozen=True)
+class MesaLaunch:
+    """Launch settings and 16-bit dot precisions of mesa (kernels/mesa/triton_function.py).
+
+    prec: every dot outside the CG loops, cg_prec: the CG loops' dots, both for fp16/bf16
+    inputs only (fp32 inputs always take "ieee"): tf32 is about 5e-4 relative per product,
+    far below bf16's rounding. The CG kernels of the backward run 32 rows per program
+    (fewer registers; 1.2x faster at T = 8192), the forward the whole 64-token chunk, both
+    on fp16 operands scaled by a carried norm (fwd / bwd 14.8 / 20.4 -> 12.1 / 16.2 ms at
+    T = 8192 against per-row scaling). The state passes take 128-row blocks
+    (1.62 -> 1.14 ms forward at T = 2048)."""
+
+    prec: str = "tf32"
+    cg_prec: str = "tf32"
+    fwd_solve: SolveLaunch = SolveLaunch(rows=64, num_warps=8, weights_scan=True, diag_cg_prec=True,
+                                         operands="fp16_normed")
+    bwd_solve: SolveLaunch = SolveLaunch(rows=32, num_warps=8, weights_scan=True, diag_cg_prec=True,
+                                         operands="fp16_normed")
+    states: StateLaunch = StateLaunch(max_BK=128, max_BD=64, min_BD=16, min_programs=2, num_warps=4, num_stages=2)
+    grads: KernelLaunch = KernelLaunch(num_warps=8, num_stages=1)
+
+    def __post_init__(self) -> None:
+        for name in ("prec", "cg_prec"):
+            if getattr(self, name) not in DOT_PRECISIONS:
+                raise ValueError(f"MesaLaunch.{name} must be one of {DOT_PRECISIONS}, got {getattr(self, name)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepLaunch(KernelLaunch):
+    """The linearized softmax GDN's running-mean kernels (linearized_softmax_gdn/triton_prep.py):
+    tile_elems = BT * BD rows x features per loop step (enough bytes in flight per program);
+    the feature block BD is halved from max_BD, down to min_BD, while fewer than
+    min_programs programs would run."""
+
+    max_BD: int = 64
+    min_BD: int = 16
+    tile_elems: int = 4096
+    min_programs: int = 512
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_pow2(self, "max_BD")
+        _check_pow2(self, "min_BD")
+
+
+@dataclasses.dataclass(frozen=True)
+class LinGdnLaunch:
+    """Launch settings of linearized_softmax_gdn's own kernels; its delta rule runs the
+    gated_delta_rule kernels under that op's settings."""
+
+    prep: PrepLaunch = PrepLaunch(max_BD=64, min_BD=16, tile_elems=4096, min_programs=512, num_warps=4, num_stages=3)
+
+
+DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "linear_attention": ChunkLaunch(),
+    "gated_linear_attention": ChunkLaunch(),
+    "delta_rule": DeltaLaunch(),
+    "gated_delta_rule": DeltaLaunch(),
+    "mesa": MesaLaunch(),
+    "linearized_softmax_gdn": LinGdnLaunch(),
+})
+
+_OVERRIDES: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "launch_overrides", default=MappingProxyType({}))
+_USED: contextvars.ContextVar[dict[str, dict[str, Any]] | None] = contextvars.ContextVar("launch_used", default=None)
+
+S = TypeVar("S")
+
+
+def _op_check(op: str) -> None:
+    if op not in DEFAULTS:
+        raise ValueError(f"no launch settings for op {op!r}; ops with Triton kernels: {sorted(DEFAULTS)}")
+
+
+def settings(op: str) -> Any:
+    """The settings object of `op` in effect here (DEFAULTS[op] unless launch_settings says otherwise)."""
+    _op_check(op)
+    return _OVERRIDES.get().get(op, DEFAULTS[op])
+
+
+def _coerce(current: Any, value: Any, where: str) -> Any:
+    """`value` as the type of the field it replaces (JSON gives 0/1 for switches, ints for floats)."""
+    if isinstance(current, bool):
+        if value not in (0, 1, True, False):
+            raise ValueError(f"{where}: expected a switch (true/false or 0/1), got {value!r}")
+        return bool(value)
+    if isinstance(current, int):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ValueError(f"{where}: expected an integer, got {value!r}")
+        return int(value)
+    if isinstance(current, str):
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise ValueError(f"{where}: cannot set a field of type {type(current).__name__}")
+
+
+def with_changes(obj: S, changes: S | Mapping[str, Any], where: str = "") -> S:
+    """`obj` with `changes` applied: a settings object of obj's type replaces it whole; a
+    mapping replaces the fields it names, recursing into nested settings objects (so
+    {"bwd_dqkg": {"split_paths": False}} changes one field of one kernel). Unknown names
+    and ill-typed values raise ValueError; every result is validated by its __post_init__."""
+    where = where or type(obj).__name__
+    if dataclasses.is_dataclass(changes) and not isinstance(changes, type):
+        if type(changes) is not type(obj):
+            raise ValueError(f"{where}: expected a {type(obj).__name__}, got a {type(changes).__name__}")
+        return changes  # type: ignore[return-value]
+    if not isinstance(changes, Mapping):
+        raise ValueError(f"{where}: expected a mapping of field changes or a {type(obj).__name__}, got {changes!r}")
+    names = {f.name for f in dataclasses.fields(obj)}  # type: ignore[arg-type]
+    new: dict[str, Any] = {}
+    for name, value in changes.items():
+        if name not in names:
+            raise ValueError(f"{where}: no setting {name!r}; it has {sorted(names)}")
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current):
+            new[name] = with_changes(current, value, f"{where}.{name}")
+        else:
+            new[name] = _coerce(current, value, f"{where}.{name}")
+    return dataclasses.replace(obj, **new)  # type: ignore[type-var]
+
+
+@contextlib.contextmanager
+def launch_settings(**ops: Any) -> Iterator[None]:
+    """Run the block under other launch settings: each keyword is an op name, its value a
+    settings object of that op's type or a mapping of changes (with_changes) applied on
+    top of the settings in effect at entry. Restored on exit; nests; no global changes.
+
+        with launch_settings(linear_attention={"fwd_states": {"BK": 64}}):
+            ...
+    """
+    current = _OVERRIDES.get()
+    new = dict(current)
+    for op, changes in ops.items():
+        new[op] = with_changes(settings(op), changes, op)
+    token = _OVERRIDES.set(MappingProxyType(new))
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A settings object as nested plain dicts (JSON-able)."""
+    return dataclasses.asdict(obj)
+
+
+def settings_in_effect(ops: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """op -> its settings in effect here, as a JSON-able dict; every op with Triton kernels
+    when `ops` is None."""
+    return {op: as_dict(settings(op)) for op in (DEFAULTS if ops is None else ops)}
+
+
+def encode(op: str) -> str:
+    """The settings of `op` in effect here as a JSON string: how a forward hands them to its
+    backward (custom ops take strings, not objects)."""
+    return json.dumps(as_dict(settings(op)), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=256)
+def decode(op: str, text: str) -> Any:
+    """The settings object `encode(op)` wrote."""
+    _op_check(op)
+    return with_changes(DEFAULTS[op], json.loads(text), op)
+
+
+@contextlib.contextmanager
+def recording_launches() -> Iterator[dict[str, dict[str, Any]]]:
+    """Collect, into the yielded dict, op -> the settings (JSON-able) each Triton op ran its
+    first forward with inside the block."""
+    used: dict[str, dict[str, Any]] = {}
+    token = _USED.set(used)
+    try:
+        yield used
+    finally:
+        _USED.reset(token)
+
+
+def note_launch(op: str) -> Any:
+    """The settings of `op` in effect here, noted for recording_launches (the first call of
+    each op inside a recording counts)."""
+    current = settings(op)
+    used = _USED.get()
+    if used is not None and op not in used:
+        used[op] = as_dict(current)
+    return current

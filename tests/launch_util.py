@@ -1,0 +1,40 @@
+"""Launch-setting overrides the kernel tests share (kernels/common/launch.py), as the
+mappings of changes launch_settings takes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+CHUNK_OPS = ("linear_attention", "gated_linear_attention")
+DELTA_OPS = ("delta_rule", "gated_delta_rule")
+# the ChunkLaunch fields of the fused linear/GLA forward, one per gate mode
+FUSED_FORWARD_FIELDS = ("fwd_fused", "fwd_fused_scalar", "fwd_fused_vector")
+TILE_FIELDS = ("BK", "BV", "min_BV", "max_BK", "max_BD", "min_BD")
+
+
+def each(ops: tuple[str, ...], changes: Any) -> dict[str, Any]:
+    """The same changes for several ops: launch_settings(**each(CHUNK_OPS, {...}))."""
+    return {op: changes for op in ops}
+
+
+def fused_forward_changes(**fields: Any) -> dict[str, dict[str, Any]]:
+    """Changes of the fused linear/GLA forward of every gate mode, e.g. fused_forward_changes(min_heads=1)."""
+    return {name: dict(fields) for name in FUSED_FORWARD_FIELDS}
+
+
+def small_tiles(settings: Any, **extra: Any) -> dict[str, dict[str, Any]]:
+    """Changes that set every tile cap of an op's settings object (BK, BV, min_BV and mesa's
+    state blocks) to 16, and the fields in `extra` wherever a kernel has them
+    (e.g. min_heads=1)."""
+    changes: dict[str, dict[str, Any]] = {}
+    for f in dataclasses.fields(settings):
+        kernel = getattr(settings, f.name)
+        if not dataclasses.is_dataclass(kernel):
+            continue
+        names = {g.name for g in dataclasses.fields(kernel)}
+        small = {key: 16 for key in TILE_FIELDS if key in names}
+        small.update({key: value for key, value in extra.items() if key in names})
+        if small:
+            changes[f.name] = small
+    return changes
