@@ -25,66 +25,26 @@ import types
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-Builder = Callable[[int, int, int, int, int, torch.Generator], dict]
-
-
-def _qkv(B, T, H, K, V, gen, l2_keys=False):
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = torch.randn(B, T, H, K, generator=gen)
-    if l2_keys:  # the delta rules need unit keys for a contractive state update
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    return dict(q=q, k=k, v=torch.randn(B, T, H, V, generator=gen))
-
-
-def _log_gate(*shape, gen):
-    return F.logsigmoid(torch.randn(*shape, generator=gen))
-
-
-def _beta(B, T, H, gen):
-    return torch.sigmoid(torch.randn(B, T, H, generator=gen))
-
+if TYPE_CHECKING:
+    from kernels.common.spec import OpSpec
 
 @dataclass(frozen=True)
-class OpSpec:
-    """One benchmarked call: `module.function(**build(...), backend=...)`."""
+class Case:
+    """One benchmarked call: op `spec` on its input factory's `variant`."""
 
     label: str
-    module: str
-    function: str
-    build: Builder
+    spec: OpSpec
+    variant: str
 
-
-OP_SPECS = [
-    OpSpec("softmax_attention", "kernels.softmax_attention", "softmax_attention",
-           lambda B, T, H, K, V, gen: _qkv(B, T, H, K, V, gen)),
-    OpSpec("linear_attention", "kernels.linear_attention", "linear_attention",
-           lambda B, T, H, K, V, gen: _qkv(B, T, H, K, V, gen)),
-    OpSpec("gated_linear_attention[scalar g]", "kernels.gated_linear_attention", "gated_linear_attention",
-           lambda B, T, H, K, V, gen: _qkv(B, T, H, K, V, gen) | dict(g=_log_gate(B, T, H, gen=gen))),
-    OpSpec("gated_linear_attention[vector g]", "kernels.gated_linear_attention", "gated_linear_attention",
-           lambda B, T, H, K, V, gen: _qkv(B, T, H, K, V, gen) | dict(g=_log_gate(B, T, H, K, gen=gen))),
-    OpSpec("delta_rule", "kernels.delta_rule", "delta_rule",
-           lambda B, T, H, K, V, gen: _qkv(B, T, H, K, V, gen, l2_keys=True) | dict(beta=_beta(B, T, H, gen))),
-    OpSpec("gated_delta_rule", "kernels.gated_delta_rule", "gated_delta_rule",
-           lambda B, T, H, K, V, gen: _qkv(B, T, H, K, V, gen, l2_keys=True)
-           | dict(g=_log_gate(B, T, H, gen=gen), beta=_beta(B, T, H, gen))),
-    OpSpec("linearized_softmax_gdn", "kernels.linearized_softmax_gdn", "linearized_softmax_gdn",
-           lambda B, T, H, K, V, gen: _qkv(B, T, H, K, V, gen)),
-    OpSpec("vala_attention", "kernels.linearized_softmax_gdn", "vala_attention",
-           lambda B, T, H, K, V, gen: _qkv(B, T, H, K, V, gen)),
-    OpSpec("mesa", "kernels.mesa", "mesa",
-           lambda B, T, H, K, V, gen: _qkv(B, T, H, K, V, gen, l2_keys=True)
-           | dict(g=_log_gate(B, T, H, gen=gen), beta=_beta(B, T, H, gen),
-                  lamb=F.softplus(torch.randn(H, K, generator=gen)) + 0.1)),
-]
+    def build(self, B: int, T: int, H: int, K: int, V: int) -> dict:
+        return self.spec.make_inputs(B, T, H, K, V, variant=self.variant, seed=T)
 
 
 def _bare_kernels_package() -> None:
@@ -95,22 +55,50 @@ def _bare_kernels_package() -> None:
     sys.modules["kernels"] = package
 
 
-def load_ops(labels: list[str] | None) -> tuple[list[tuple[OpSpec, Callable]], dict[str, str]]:
-    """The importable ops among OP_SPECS (restricted to `labels`), and why others were skipped."""
+def _specs() -> tuple[list[OpSpec], dict[str, str]]:
+    """Every registered op's spec (kernels.registry), or where some op folder fails to import,
+    the specs of each kernels/<op>/spec.py that does, and why the others did not."""
     try:
-        importlib.import_module("kernels")
+        from kernels.registry import SPECS
+
+        return list(SPECS.values()), {}
     except Exception as err:  # noqa: BLE001 - any failure of an op folder must not stop the others
-        print(f"note: `import kernels` failed ({type(err).__name__}: {err}); importing op folders one by one")
-        _bare_kernels_package()
-    loaded, skipped = [], {}
-    for spec in OP_SPECS:
-        if labels and spec.label not in labels and spec.label.split("[")[0] not in labels:
-            continue
+        print(f"note: the op registry failed to import ({type(err).__name__}: {err}); importing op folders one by one")
+    _bare_kernels_package()
+    from kernels.common.spec import OpSpec
+
+    specs, skipped = [], {}
+    for path in sorted((ROOT / "kernels").glob("*/spec.py")):
+        module = f"kernels.{path.parent.name}.spec"
         try:
-            loaded.append((spec, getattr(importlib.import_module(spec.module), spec.function)))
+            found = vars(importlib.import_module(module)).values()
         except Exception as err:  # noqa: BLE001
-            skipped[spec.label] = f"{type(err).__name__}: {err}"
-            print(f"skip {spec.label}: cannot import {spec.module}.{spec.function} ({skipped[spec.label]})")
+            skipped[module] = f"{type(err).__name__}: {err}"
+            print(f"skip {module}: cannot import it ({skipped[module]})")
+            continue
+        specs += [value for value in found if isinstance(value, OpSpec)]
+    return specs, skipped
+
+
+def load_ops(labels: list[str] | None) -> tuple[list[tuple[Case, Callable]], dict[str, str]]:
+    """(case, public function) of every op variant with a reference and a torch backend
+    (restricted to `labels`: a label or an op name), and why others were skipped."""
+    specs, skipped = _specs()
+    from kernels.common.spec import load_entry
+
+    loaded = []
+    for spec in specs:
+        if not {"reference", "torch"} <= set(spec.backend_names):
+            continue
+        for variant in spec.variants:
+            label = spec.name if len(spec.variants) == 1 else f"{spec.name}[{variant}]"
+            if labels and label not in labels and spec.name not in labels:
+                continue
+            try:
+                loaded.append((Case(label, spec, variant), load_entry(spec.function)))
+            except Exception as err:  # noqa: BLE001
+                skipped[label] = f"{type(err).__name__}: {err}"
+                print(f"skip {label}: cannot import {spec.function} ({skipped[label]})")
     return loaded, skipped
 
 
@@ -193,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     results, ratios, rows = [], [], []
     for spec, fn in ops:
         for T in args.T:
-            tensors = spec.build(args.B, T, args.H, args.K, args.V, torch.Generator().manual_seed(T))
+            tensors = spec.build(args.B, T, args.H, args.K, args.V)
             for mode in args.modes:
                 median = {}
                 for backend in ("reference", "torch"):

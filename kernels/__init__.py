@@ -5,8 +5,9 @@ Layout: q, k: [B, T, H, K]; v: [B, T, H, V]; gates g in log space ([B, T, H] or
 backend="auto" | "reference" | "torch" | "triton" ("flash_attn" for softmax).
 Each op has a one-token `<op>_step` for decoding.
 
-Each op lives in the folder of its name; importing the function here rebinds the package
-attribute from the sub-package to the function, so `kernels.delta_rule` is the op.
+Each op lives in the folder of its name, with its OpSpec in spec.py (kernels.common.spec) and
+its line in kernels.registry; importing the function here rebinds the package attribute from
+the sub-package to the function, so `kernels.delta_rule` is the op.
 Triton is imported only when a triton backend runs.
 """
 
@@ -22,20 +23,14 @@ from kernels.linearized_softmax_gdn import (
     vala_attention,
 )
 from kernels.mesa import MesaState, mesa, mesa_step
+from kernels.registry import SPECS, op_names, op_spec
 from kernels.softmax_attention import KVCache, softmax_attention, softmax_attention_step
 
-OPS = (
-    "softmax_attention",
-    "linear_attention",
-    "gated_linear_attention",
-    "delta_rule",
-    "gated_delta_rule",
-    "linearized_softmax_gdn",
-    "mesa",
-)
+OPS = op_names("op")
 
 __all__ = [
     "OPS",
+    "SPECS",
     "BackendStatus",
     "KVCache",
     "LinGDNState",
@@ -53,6 +48,7 @@ __all__ = [
     "linearized_softmax_gdn_step",
     "mesa",
     "mesa_step",
+    "op_spec",
     "resolve_backend",
     "softmax_attention",
     "softmax_attention_step",

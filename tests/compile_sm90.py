@@ -113,57 +113,58 @@ class CompileOnly:
         return
 
 
+def _leaves(args: dict) -> list:
+    """Make every floating tensor of args (also inside a state tuple) a leaf that wants its
+    gradient; return them."""
+    import torch
+
+    found = []
+    for value in args.values():
+        for t in value if isinstance(value, tuple) else (value,):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                found.append(t.requires_grad_(True))
+    return found
+
+
+def spec_calls() -> dict:
+    """label -> a call of the Triton entry point of every op that has one (kernels.registry),
+    on its input factory's tensors at K = V = 128 in bf16 (the GPU tiles): each input variant
+    without a state, then with an initial state and a loss on the final state too, so the
+    backward takes the state paths. Returns o (depending on every final-state tensor)."""
+    import torch
+
+    from kernels.common.spec import load_entry
+    from kernels.registry import SPECS
+
+    B, T, H, D = 1, 200, 2, 128
+    calls = {}
+    for spec in SPECS.values():
+        if "triton" not in spec.backends:
+            continue
+        entry = load_entry(spec.backends["triton"].entry)
+        for variant in spec.variants:
+            label = spec.name if len(spec.variants) == 1 else f"{spec.name}[{variant}]"
+            for state in (False, True):
+                args = spec.make_inputs(B, T, H, D, D, variant=variant, dtype=torch.bfloat16, state=state)
+                _leaves(args)
+
+                def call(entry=entry, args=args, state=state):
+                    o, final = entry(**args, scale=D**-0.5, output_final_state=state)
+                    tensors = [t for t in (final if isinstance(final, tuple) else (final,)) if torch.is_tensor(t)]
+                    return o + sum(t.sum() for t in tensors).to(o.dtype) if tensors else o
+
+                calls[label + (" with a state" if state else "")] = call
+    return calls
+
+
 def run_ops() -> None:
     """Forward and backward of every op's Triton entry point (and the decode steps)."""
     import torch
-    import torch.nn.functional as F
 
-    from kernels.delta_rule.triton_op import delta_rule_triton
-    from kernels.gated_delta_rule.triton_op import gated_delta_rule_triton
-    from kernels.gated_linear_attention.triton_op import gated_linear_attention_triton
-    from kernels.linear_attention.triton_op import linear_attention_triton
-    from kernels.linearized_softmax_gdn.triton_op import linearized_softmax_gdn_triton
-    from kernels.mesa.triton_op import mesa_triton
+    def backward(o):
+        o.backward(torch.ones_like(o))
 
-    B, T, H, D, bf16 = 1, 200, 2, 128, torch.bfloat16
-    gen = torch.Generator().manual_seed(0)
-
-    def leaf(*shape, dtype=bf16, fn=None):
-        t = torch.randn(*shape, generator=gen)
-        return (fn(t) if fn else t).to(dtype).requires_grad_(True)
-
-    def backward(out):
-        o = out[0] if isinstance(out, tuple) else out
-        leaves = [t for t in inputs if t is not None and t.requires_grad]
-        torch.autograd.grad(o, leaves, torch.ones_like(o), allow_unused=True)
-
-    q, k, v = leaf(B, T, H, D), leaf(B, T, H, D, fn=lambda t: F.normalize(t, dim=-1)), leaf(B, T, H, D)
-    g_scalar = leaf(B, T, H, dtype=torch.float32, fn=lambda t: F.logsigmoid(t + 4))
-    g_vector = leaf(B, T, H, D, dtype=torch.float32, fn=lambda t: F.logsigmoid(t + 4))
-    beta = leaf(B, T, H, fn=torch.sigmoid)
-    calls = {
-        "linear": lambda: linear_attention_triton(q, k, v, scale=D**-0.5),
-        "gla_scalar": lambda: gated_linear_attention_triton(q, k, v, g_scalar, scale=D**-0.5),
-        "gla_vector": lambda: gated_linear_attention_triton(q, k, v, g_vector, scale=D**-0.5),
-        "delta_rule": lambda: delta_rule_triton(q, k, v, beta, scale=D**-0.5),
-        "gated_delta_rule": lambda: gated_delta_rule_triton(q, k, v, g_scalar, beta, scale=D**-0.5),
-        "linearized_softmax_gdn": lambda: linearized_softmax_gdn_triton(q, k, v, scale=D**-0.5),
-    }
-    from kernels.linearized_softmax_gdn.state import LinGDNState
-
-    # with a state: the running means start from carried sums (the preprocessing's HAS_S0 path)
-    lin_state = LinGDNState(leaf(B, H, D, D, dtype=torch.float32), leaf(B, H, D, dtype=torch.float32),
-                            leaf(B, H, D, dtype=torch.float32), 7)
-    def lin_gdn_with_state():
-        """o made to depend on every final sum, so the backward gets their gradients (HAS_DSF)."""
-        o, final = linearized_softmax_gdn_triton(q, k, v, scale=D**-0.5, initial_state=lin_state,
-                                                 output_final_state=True)
-        return o + (final.h.sum() + final.k_sum.sum() + final.v_sum.sum()).to(o.dtype)
-
-    calls["linearized_softmax_gdn with a state"] = lin_gdn_with_state
-    lamb = leaf(H, D, dtype=torch.float32, fn=lambda t: F.softplus(t) + 0.25)
-    calls["mesa"] = lambda: mesa_triton(q, k, v, g_scalar, beta.float(), lamb, scale=D**-0.5, cg_steps=4)
-    inputs = [q, k, v, g_scalar, g_vector, beta, lamb]
+    calls = spec_calls()
     for name, call in calls.items():
         print(f"compile_sm90: {name}", flush=True)
         backward(call())
@@ -174,10 +175,10 @@ def run_ops() -> None:
     fused_delta = {"fused_fwd": {"enabled": True, "min_heads": 1}}
     options = [  # (label, the launch_settings overrides, the ops that use it)
         ("one backward launch, 16-row sub-chunks", {gla: {"bwd_dqkg": {"split_paths": False, "sub_chunk": 16}}},
-         ["gla_vector"]),
-        ("vector segments", {gla: {"fwd_fused_vector": {"segment_programs": 1056}}}, ["gla_vector"]),
-        ("16-row sub-chunks (forward)", {gla: {"intra_A": {"sub_chunk": 16}}}, ["gla_vector"]),
-        *[(f"{entry} inter_after", {gla: {entry: {"inter_after": True}}}, ["gla_vector"])
+         ["gated_linear_attention[vector]"]),
+        ("vector segments", {gla: {"fwd_fused_vector": {"segment_programs": 1056}}}, ["gated_linear_attention[vector]"]),
+        ("16-row sub-chunks (forward)", {gla: {"intra_A": {"sub_chunk": 16}}}, ["gated_linear_attention[vector]"]),
+        *[(f"{entry} inter_after", {gla: {entry: {"inter_after": True}}}, ["gated_linear_attention[vector]"])
           for entry in ("bwd_dqkg", "bwd_dqkg_sub", "bwd_dqkg_exact")],
         ("fused delta forward", {"delta_rule": fused_delta, "gated_delta_rule": fused_delta},
          ["delta_rule", "gated_delta_rule"]),
@@ -194,6 +195,8 @@ def run_ops() -> None:
     # the fused one-token decode step: every gate kind, with and without the delta rule
     from kernels.common.triton.step import fused_step
 
+    H, D, bf16 = 2, 128, torch.bfloat16
+    gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         q1, k1, v1 = (torch.randn(2, H, D, generator=gen).to(bf16) for _ in range(3))
         state = torch.zeros(2, H, D, D)

@@ -8,7 +8,11 @@ check_values=True and the host may read the device (`reads_values`)."""
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
+
+from kernels.common.chunking import check_chunk_size
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -188,3 +192,23 @@ def check_step_beta(op: str, beta_t: torch.Tensor, B: int, H: int) -> None:
 def step_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype a step computes and keeps its state in: fp64 for fp64 inputs, else fp32."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def matrix_state_checks(gate: Literal["none", "scalar", "scalar_or_vector"], beta: bool):
+    """The `validate` of an OpSpec (kernels.common.spec) whose state is one [B, H, K, V] matrix:
+    q, k, v; the gate g (of that kind) and beta when the op takes them; initial_state; scale
+    (K ** -0.5 unless given); chunk_size."""
+    def validate(op: str, args: dict[str, Any], check_values: bool) -> dict[str, Any]:
+        q = args["q"]
+        B, T, H, K, V = check_qkv(op, q, args["k"], args["v"])
+        if gate != "none":
+            check_gate(op, args["g"], B, T, H, K, allow_vector=gate == "scalar_or_vector", device=q.device,
+                       check_values=check_values)
+        if beta:
+            check_beta(op, args["beta"], B, T, H, device=q.device, check_values=check_values)
+        check_state(op, "initial_state", args["initial_state"], (B, H, K, V), device=q.device)
+        args["scale"] = default_scale(op, args["scale"], K)
+        check_chunk_size(op, args["chunk_size"])
+        return args
+
+    return validate

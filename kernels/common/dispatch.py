@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-# Concrete backends of the linear ops (softmax has its own set, below).
-LINEAR_BACKENDS = ("reference", "torch", "triton")
-SOFTMAX_BACKENDS = ("reference", "torch", "flash_attn")
+# The backends of an op that has no OpSpec; each registered op lists its own in its spec.
+DEFAULT_BACKENDS = ("reference", "torch", "triton")
+# Every backend name any op has (the CLI's table of what runs here).
 ALL_BACKENDS = ("reference", "torch", "triton", "flash_attn")
 
 
@@ -71,23 +71,29 @@ def backend_status(backend: str, device: torch.device | str) -> BackendStatus:
     return BackendStatus(backend, False, f"unknown backend {backend!r}")
 
 
-def resolve_backend(
-    op: str, requested: str, device: torch.device | str, dtype: torch.dtype | None = None
-) -> str:
-    """Return the concrete backend that runs `op` for tensors on `device`.
+def auto_kernel(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+    """"auto" for the ops with a Triton backend: triton on CUDA where it runs, else torch."""
+    dev = torch.device(device)
+    return "triton" if dev.type == "cuda" and backend_status("triton", dev).usable else "torch"
 
-    `requested` is "auto" or one of the op's backends. "auto" picks triton on CUDA
-    and torch elsewhere (softmax: flash_attn where it runs and the inputs are fp16/bf16,
-    which is all flash_attn takes; else torch/SDPA).
-    Raises ValueError naming the op, the request and what is valid here.
-    """
-    valid = SOFTMAX_BACKENDS if op == "softmax_attention" else LINEAR_BACKENDS
+
+def auto_attention(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+    """"auto" for softmax attention: flash_attn where it runs and the inputs are fp16/bf16
+    (all flash_attn takes), else torch (SDPA)."""
+    half = dtype in (torch.float16, torch.bfloat16)
+    return "flash_attn" if half and backend_status("flash_attn", torch.device(device)).usable else "torch"
+
+
+def choose_backend(
+    op: str, valid: tuple[str, ...], auto, requested: str, device: torch.device | str,
+    dtype: torch.dtype | None = None,
+) -> str:
+    """The concrete backend among `valid` that runs `op` for tensors on `device`.
+
+    `requested` is "auto", answered by auto(device, dtype), or one of `valid`. Raises
+    ValueError naming the op, the request and what is valid here."""
     if requested == "auto":
-        dev = torch.device(device)
-        if op == "softmax_attention":
-            half = dtype in (torch.float16, torch.bfloat16)
-            return "flash_attn" if half and backend_status("flash_attn", dev).usable else "torch"
-        return "triton" if dev.type == "cuda" and backend_status("triton", dev).usable else "torch"
+        return auto(device, dtype)
     if requested not in valid:
         raise ValueError(
             f"{op}: backend={requested!r} is not valid; expected 'auto' or one of {list(valid)}"
@@ -100,6 +106,25 @@ def resolve_backend(
         raise ValueError(f"{op}: backend='triton' under TRITON_INTERPRET=1 cannot take bfloat16 inputs (the "
                          "interpreter has no bf16 dot products); use float16 or float32, or backend='torch'")
     return requested
+
+
+def resolve_backend(
+    op: str, requested: str, device: torch.device | str, dtype: torch.dtype | None = None
+) -> str:
+    """Return the concrete backend that runs `op` for tensors on `device`.
+
+    `requested` is "auto" or one of the op's backends (its OpSpec in kernels.registry). "auto"
+    picks triton on CUDA and torch elsewhere (softmax: flash_attn where it runs and the
+    inputs are fp16/bf16, which is all flash_attn takes; else torch/SDPA). An op that is not
+    registered (a third-party mixer's own op) has the backends reference, torch and triton.
+    Raises ValueError naming the op, the request and what is valid here.
+    """
+    from kernels.registry import SPECS  # lazy: the registry imports every op, which import this module
+
+    spec = SPECS.get(op)
+    if spec is not None:
+        return spec.resolve(requested, device, dtype)
+    return choose_backend(op, DEFAULT_BACKENDS, auto_kernel, requested, device, dtype)
 
 
 STEP_BACKENDS = ("reference", "torch", "triton")

@@ -1,14 +1,11 @@
-"""DeltaNet (the delta rule): the public op, its checks and backend dispatch."""
+"""DeltaNet (the delta rule): the public op and its decode step; checks and backends are in spec.py."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_beta, check_qkv, check_state, default_scale
-from kernels.common.chunking import check_chunk_size
-from kernels.common.dispatch import resolve_backend
-from kernels.delta_rule.chunked import chunk_delta_rule
-from kernels.delta_rule.reference import delta_rule_reference
+from kernels.common.spec import dispatch
+from kernels.delta_rule.spec import SPEC
 from kernels.delta_rule.step import delta_rule_step
 
 __all__ = ["delta_rule", "delta_rule_step"]
@@ -47,25 +44,7 @@ def delta_rule(
     caller guarantees the values, e.g. beta = sigmoid(...) by construction. Shapes, dtypes
     and devices are always checked.
     """
-    op = "delta_rule"
-    B, T, H, K, V = check_qkv(op, q, k, v)
-    check_beta(op, beta, B, T, H, device=q.device, check_values=check_values)
-    check_state(op, "initial_state", initial_state, (B, H, K, V), device=q.device)
-    check_chunk_size(op, chunk_size)
-    scale = default_scale(op, scale, K)
-    backend = resolve_backend(op, backend, q.device, q.dtype)
-    if backend == "reference":
-        return delta_rule_reference(
-            q, k, v, beta, scale, initial_state=initial_state, output_final_state=output_final_state
-        )
-    if backend == "torch":
-        return chunk_delta_rule(
-            q, k, v, beta, scale, initial_state=initial_state,
-            output_final_state=output_final_state, chunk_size=chunk_size,
-        )
-    from kernels.delta_rule.triton_op import delta_rule_triton  # lazy: triton is optional
-
-    return delta_rule_triton(
-        q, k, v, beta, scale=scale, initial_state=initial_state,
+    return dispatch(
+        SPEC, backend, check_values, q=q, k=k, v=v, beta=beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, chunk_size=chunk_size,
     )

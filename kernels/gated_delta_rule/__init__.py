@@ -1,14 +1,11 @@
-"""Gated delta rule (Gated DeltaNet): the public op, its checks and backend dispatch."""
+"""Gated delta rule (Gated DeltaNet): the public op and its decode step; checks and backends are in spec.py."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_beta, check_gate, check_qkv, check_state, default_scale
-from kernels.common.chunking import check_chunk_size
-from kernels.common.dispatch import resolve_backend
-from kernels.gated_delta_rule.chunked import chunk_gated_delta_rule
-from kernels.gated_delta_rule.reference import gated_delta_rule_reference
+from kernels.common.spec import dispatch
+from kernels.gated_delta_rule.spec import SPEC
 from kernels.gated_delta_rule.step import gated_delta_rule_step
 
 __all__ = ["gated_delta_rule", "gated_delta_rule_step"]
@@ -48,26 +45,7 @@ def gated_delta_rule(
     False where the caller guarantees the values, e.g. g = -exp(A) softplus(...) and
     beta = sigmoid(...) by construction. Shapes, dtypes and devices are always checked.
     """
-    op = "gated_delta_rule"
-    B, T, H, K, V = check_qkv(op, q, k, v)
-    check_gate(op, g, B, T, H, K, allow_vector=False, device=q.device, check_values=check_values)
-    check_beta(op, beta, B, T, H, device=q.device, check_values=check_values)
-    check_state(op, "initial_state", initial_state, (B, H, K, V), device=q.device)
-    check_chunk_size(op, chunk_size)
-    scale = default_scale(op, scale, K)
-    backend = resolve_backend(op, backend, q.device, q.dtype)
-    if backend == "reference":
-        return gated_delta_rule_reference(
-            q, k, v, g, beta, scale, initial_state=initial_state, output_final_state=output_final_state
-        )
-    if backend == "torch":
-        return chunk_gated_delta_rule(
-            q, k, v, g, beta, scale, initial_state=initial_state,
-            output_final_state=output_final_state, chunk_size=chunk_size,
-        )
-    from kernels.gated_delta_rule.triton_op import gated_delta_rule_triton  # lazy: triton is optional
-
-    return gated_delta_rule_triton(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+    return dispatch(
+        SPEC, backend, check_values, q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, chunk_size=chunk_size,
     )

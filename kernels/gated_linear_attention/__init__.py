@@ -8,18 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import (
-    check_gate,
-    check_qkv,
-    check_state,
-    check_step_gate,
-    check_step_qkv,
-    default_scale,
-)
-from kernels.common.chunking import check_chunk_size
-from kernels.common.dispatch import resolve_backend, resolve_step_backend
-from kernels.gated_linear_attention.chunked import gated_linear_attention_chunked
-from kernels.gated_linear_attention.reference import gated_linear_attention_reference
+from kernels.common.checks import check_state, check_step_gate, check_step_qkv, default_scale
+from kernels.common.dispatch import resolve_step_backend
+from kernels.common.spec import dispatch
+from kernels.gated_linear_attention.spec import SPEC
 from kernels.gated_linear_attention.step import gated_linear_attention_step_unchecked
 
 OP = "gated_linear_attention"
@@ -50,26 +42,10 @@ def gated_linear_attention(
     guarantees the values, e.g. g = logsigmoid(...) by construction. Shapes, dtypes and
     devices are always checked.
     """
-    B, T, H, K, V = check_qkv(OP, q, k, v)
-    check_gate(OP, g, B, T, H, K, allow_vector=True, device=q.device, check_values=check_values)
-    check_state(OP, "initial_state", initial_state, (B, H, K, V), device=q.device)
-    scale = default_scale(OP, scale, K)
-    check_chunk_size(OP, chunk_size)
-    backend = resolve_backend(OP, backend, q.device, q.dtype)
-    if backend == "reference":
-        return gated_linear_attention_reference(q, k, v, g, scale, initial_state, output_final_state)
-    if backend == "torch":
-        return gated_linear_attention_chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size)
-    if backend == "triton":
-        from kernels.gated_linear_attention.triton_op import (
-            gated_linear_attention_triton,  # lazy: optional
-        )
-
-        return gated_linear_attention_triton(
-            q, k, v, g, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, chunk_size=chunk_size,
-        )
-    raise AssertionError(f"resolve_backend returned an unhandled backend {backend!r}")
+    return dispatch(
+        SPEC, backend, check_values, q=q, k=k, v=v, g=g, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, chunk_size=chunk_size,
+    )
 
 
 def gated_linear_attention_step(

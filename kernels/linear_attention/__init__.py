@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_qkv, check_state, check_step_qkv, default_scale
-from kernels.common.chunking import check_chunk_size
-from kernels.common.dispatch import resolve_backend, resolve_step_backend
-from kernels.linear_attention.chunked import linear_attention_chunked
-from kernels.linear_attention.reference import linear_attention_reference
+from kernels.common.checks import check_state, check_step_qkv, default_scale
+from kernels.common.dispatch import resolve_step_backend
+from kernels.common.spec import dispatch
+from kernels.linear_attention.spec import SPEC
 from kernels.linear_attention.step import linear_attention_step_unchecked
 
 OP = "linear_attention"
@@ -38,23 +37,10 @@ def linear_attention(
     check_values: accepted so that every op takes it; this op has no values to check (its
     shape, dtype and device checks read no data).
     """
-    B, T, H, K, V = check_qkv(OP, q, k, v)
-    check_state(OP, "initial_state", initial_state, (B, H, K, V), device=q.device)
-    scale = default_scale(OP, scale, K)
-    check_chunk_size(OP, chunk_size)
-    backend = resolve_backend(OP, backend, q.device, q.dtype)
-    if backend == "reference":
-        return linear_attention_reference(q, k, v, scale, initial_state, output_final_state)
-    if backend == "torch":
-        return linear_attention_chunked(q, k, v, scale, initial_state, output_final_state, chunk_size)
-    if backend == "triton":
-        from kernels.linear_attention.triton_op import linear_attention_triton  # lazy: triton is optional
-
-        return linear_attention_triton(
-            q, k, v, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, chunk_size=chunk_size,
-        )
-    raise AssertionError(f"resolve_backend returned an unhandled backend {backend!r}")
+    return dispatch(
+        SPEC, backend, check_values, q=q, k=k, v=v, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, chunk_size=chunk_size,
+    )
 
 
 def linear_attention_step(

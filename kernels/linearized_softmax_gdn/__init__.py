@@ -1,18 +1,14 @@
 """Linearized softmax attention as a gated delta rule (docs/design.md §7), and its VaLA baseline:
-the public ops, their checks and backend dispatch."""
+the public ops; their checks and backends are in spec.py."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_qkv, default_scale
-from kernels.common.chunking import check_chunk_size
-from kernels.common.dispatch import resolve_backend
-from kernels.linearized_softmax_gdn.chunked import chunk_linearized_softmax_gdn
-from kernels.linearized_softmax_gdn.reference import linearized_softmax_gdn_reference
-from kernels.linearized_softmax_gdn.state import LinGDNState, check_lin_state
+from kernels.common.spec import dispatch
+from kernels.linearized_softmax_gdn.spec import SPEC, VALA_SPEC
+from kernels.linearized_softmax_gdn.state import LinGDNState
 from kernels.linearized_softmax_gdn.step import linearized_softmax_gdn_step
-from kernels.linearized_softmax_gdn.vala import vala_attention
 
 __all__ = ["LinGDNState", "linearized_softmax_gdn", "linearized_softmax_gdn_step", "vala_attention"]
 
@@ -53,24 +49,23 @@ def linearized_softmax_gdn(
     check_values: accepted so that every op takes it; this op has no values to check (its
     shape, dtype and device checks read no data).
     """
-    op = "linearized_softmax_gdn"
-    B, T, H, K, V = check_qkv(op, q, k, v)
-    check_lin_state(op, "initial_state", initial_state, B, H, K, V)
-    check_chunk_size(op, chunk_size)
-    scale = default_scale(op, scale, K)
-    backend = resolve_backend(op, backend, q.device, q.dtype)
-    if backend == "reference":
-        return linearized_softmax_gdn_reference(
-            q, k, v, scale, initial_state=initial_state, output_final_state=output_final_state
-        )
-    if backend == "torch":
-        return chunk_linearized_softmax_gdn(
-            q, k, v, scale, initial_state=initial_state,
-            output_final_state=output_final_state, chunk_size=chunk_size,
-        )
-    from kernels.linearized_softmax_gdn.triton_op import linearized_softmax_gdn_triton  # lazy: optional
-
-    return linearized_softmax_gdn_triton(
-        q, k, v, scale=scale, initial_state=initial_state,
+    return dispatch(
+        SPEC, backend, check_values, q=q, k=k, v=v, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, chunk_size=chunk_size,
     )
+
+
+def vala_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, None]:
+    """VaLA: o_t = vbar_t + ((1/t) sum_{i<=t} k_i v_i^T - kbar_t vbar_t^T)^T (scale q_t).
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; scale defaults to K ** -0.5. Returns
+    (o [B, T, H, V] in the input dtype, None). backend: "auto" (= "torch", on any device),
+    "reference" or "torch"; there is no Triton kernel for it.
+    """
+    return dispatch(VALA_SPEC, backend, q=q, k=k, v=v, scale=scale)

@@ -3,8 +3,9 @@ baseline of the linearized softmax GDN:
 
     o_t = vbar_t + ((1/t) sum_{i<=t} k_i v_i^T - kbar_t vbar_t^T)^T q'_t,    q' = scale q
 
-Backends: "reference" (a loop over tokens, straight from the formula) and "torch" (all
-tokens at once, through cumulative sums). The torch form uses the identity of seed 000,
+Two forms: `vala_reference` (a loop over tokens, straight from the formula) and `vala_torch`
+(all tokens at once, through cumulative sums); the public op `vala_attention` is in the
+folder's __init__.py. The torch form uses the identity of seed 000,
     sum_{i<=t} k_i v_i^T - t kbar_t vbar_t^T = sum_{i<=t} (k_i - kbar_i)(v_i - vbar_{i-1})^T,
 i.e. causal linear attention on centred keys and values, divided by t. The centred form
 avoids the cancellation between the two large uncentred terms.
@@ -14,38 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_qkv, default_scale
 from kernels.common.chunking import merge_chunks, split_chunks
 from kernels.gated_delta_rule.chunked import compute_dtype
 from kernels.linearized_softmax_gdn.chunked import centre
 
-VALA_BACKENDS = ("reference", "torch")
 _CHUNK = 64  # chunk length of the torch form; any value gives the same result
-
-
-def vala_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float | None = None,
-    backend: str = "auto",
-) -> tuple[torch.Tensor, None]:
-    """VaLA: o_t = vbar_t + ((1/t) sum_{i<=t} k_i v_i^T - kbar_t vbar_t^T)^T (scale q_t).
-
-    q, k: [B, T, H, K]; v: [B, T, H, V]; scale defaults to K ** -0.5. Returns
-    (o [B, T, H, V] in the input dtype, None). backend: "auto" (= "torch", on any device),
-    "reference" or "torch"; there is no Triton kernel for it.
-    """
-    op = "vala_attention"
-    B, T, H, K, V = check_qkv(op, q, k, v)
-    scale = default_scale(op, scale, K)
-    if backend == "auto":
-        backend = "torch"
-    if backend not in VALA_BACKENDS:
-        raise ValueError(f"{op}: backend={backend!r} is not valid; expected 'auto' or one of {list(VALA_BACKENDS)}")
-    if backend == "reference":
-        return vala_reference(q, k, v, scale), None
-    return vala_torch(q, k, v, scale), None
 
 
 def vala_reference(

@@ -8,22 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import (
-    FLOAT_DTYPES,
-    check_beta,
-    check_gate,
-    check_qkv,
-    check_state,
-    check_step_beta,
-    check_step_gate,
-    check_step_qkv,
-    default_scale,
-    reads_values,
-)
-from kernels.common.chunking import check_chunk_size
-from kernels.common.dispatch import resolve_backend
-from kernels.mesa.chunked import mesa_chunked
-from kernels.mesa.reference import mesa_reference
+from kernels.common.checks import check_step_beta, check_step_gate, check_step_qkv, default_scale
+from kernels.common.spec import dispatch
+from kernels.mesa.checks import check_lamb, check_mesa_state
+from kernels.mesa.spec import SPEC
 from kernels.mesa.state import MesaState
 from kernels.mesa.step import mesa_step_compute
 
@@ -63,38 +51,10 @@ def mesa(
     With cg_tol the torch backend's CG stops on a device read, so under torch.compile that
     call runs eagerly (a graph break); leave cg_tol None for a whole graph.
     """
-    op = "mesa"
-    B, T, H, K, V = check_qkv(op, q, k, v)
-    check_gate(op, g, B, T, H, K, allow_vector=False, device=q.device, check_values=check_values)
-    check_beta(op, beta, B, T, H, device=q.device, check_values=check_values)
-    _check_lamb(op, "lamb", lamb, H, K, check_values=check_values)
-    initial_state = _check_mesa_state(op, "initial_state", initial_state, B, H, K, V)
-    scale = default_scale(op, scale, K)
-    _check_options(op, chunk_size, cg_steps, cg_tol)
-    for name, t in (("g", g), ("beta", beta), ("lamb", lamb)):
-        if t.device != q.device:
-            raise ValueError(f"{op}: {name} is on {t.device} but q is on {q.device}")
-
-    backend = resolve_backend(op, backend, q.device, q.dtype)
-    if backend == "reference":
-        return mesa_reference(
-            q, k, v, g, beta, lamb, scale, initial_state=initial_state, output_final_state=output_final_state
-        )
-    if backend == "torch":
-        chunked = mesa_chunked
-        if cg_tol is not None and torch.compiler.is_compiling():
-            # CG with a tolerance stops on a device read (cg.py), which dynamo cannot trace:
-            # this call runs eagerly, one graph break
-            chunked = torch.compiler.disable(mesa_chunked)
-        return chunked(
-            q, k, v, g, beta, lamb, scale, initial_state=initial_state, output_final_state=output_final_state,
-            chunk_size=chunk_size, cg_steps=cg_steps, cg_tol=cg_tol,
-        )
-    from kernels.mesa.triton_op import mesa_triton  # lazy: triton is optional
-
-    return mesa_triton(
-        q, k, v, g, beta, lamb, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, chunk_size=chunk_size, cg_steps=cg_steps, cg_tol=cg_tol,
+    return dispatch(
+        SPEC, backend, check_values, q=q, k=k, v=v, g=g, beta=beta, lamb=lamb, scale=scale,
+        initial_state=initial_state, output_final_state=output_final_state, chunk_size=chunk_size,
+        cg_steps=cg_steps, cg_tol=cg_tol,
     )
 
 
@@ -120,41 +80,9 @@ def mesa_step(
     B, H, K, V = check_step_qkv(op, q_t, k_t, v_t)
     check_step_gate(op, g_t, B, H)
     check_step_beta(op, beta_t, B, H)
-    _check_lamb(op, "lamb", lamb, H, K)
-    state = _check_mesa_state(op, "state", state, B, H, K, V)
+    check_lamb(op, "lamb", lamb, H, K)
+    state = check_mesa_state(op, "state", state, B, H, K, V)
     scale = default_scale(op, scale, K)
     if cg_steps is not None and (not isinstance(cg_steps, int) or cg_steps < 0):
         raise ValueError(f"{op}: cg_steps must be None (exact solve) or an int >= 0, got {cg_steps!r}")
     return mesa_step_compute(q_t, k_t, v_t, g_t, beta_t, lamb, state, scale, cg_steps)
-
-
-def _check_lamb(op: str, name: str, lamb: torch.Tensor, H: int, K: int, check_values: bool = True) -> None:
-    """lamb: a floating [H, K] tensor and, when reads_values allows, finite and > 0."""
-    if not isinstance(lamb, torch.Tensor) or tuple(lamb.shape) != (H, K) or lamb.dtype not in FLOAT_DTYPES:
-        got = f"shape {list(lamb.shape)}, {lamb.dtype}" if isinstance(lamb, torch.Tensor) else type(lamb).__name__
-        raise ValueError(f"{op}: {name} must be a floating tensor of shape [H, K] = [{H}, {K}], got {got}")
-    if not reads_values(lamb, check_values):
-        return
-    with torch.no_grad():
-        lo, hi = lamb.min().item(), lamb.max().item()
-    if not (lo > 0.0 and hi < float("inf")):
-        raise ValueError(f"{op}: {name} must be finite and > 0 everywhere (ridge of H_kk), got values in [{lo}, {hi}]")
-
-
-def _check_mesa_state(op: str, name: str, state, B: int, H: int, K: int, V: int) -> MesaState | None:
-    if state is None:
-        return None
-    if not isinstance(state, tuple) or len(state) != 2:
-        raise ValueError(f"{op}: {name} must be a MesaState(h_kk, h_kv) or None, got {type(state).__name__}")
-    state = MesaState(*state)
-    check_state(op, f"{name}.h_kk", state.h_kk, (B, H, K, K))
-    check_state(op, f"{name}.h_kv", state.h_kv, (B, H, K, V))
-    return state
-
-
-def _check_options(op: str, chunk_size: int, cg_steps: int, cg_tol: float | None) -> None:
-    check_chunk_size(op, chunk_size)
-    if not isinstance(cg_steps, int) or cg_steps < 0:
-        raise ValueError(f"{op}: cg_steps must be an int >= 0, got {cg_steps!r}")
-    if cg_tol is not None and not (0.0 < float(cg_tol) < float("inf")):
-        raise ValueError(f"{op}: cg_tol must be None or a finite number > 0, got {cg_tol!r}")

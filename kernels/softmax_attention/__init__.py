@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_qkv, check_step_qkv, default_scale
-from kernels.common.dispatch import resolve_backend
+from kernels.common.checks import check_step_qkv, default_scale
+from kernels.common.spec import dispatch
 from kernels.softmax_attention.cache import KVCache, check_kv_cache
-from kernels.softmax_attention.reference import softmax_attention_reference
-from kernels.softmax_attention.sdpa import softmax_attention_sdpa
+from kernels.softmax_attention.spec import SPEC
 from kernels.softmax_attention.step import softmax_attention_step_unchecked
 
 OP = "softmax_attention"
@@ -40,19 +39,10 @@ def softmax_attention(
     check_values: accepted so that every op takes it; this op has no values to check (its
     shape, dtype and device checks read no data).
     """
-    B, T, H, K, V = check_qkv(OP, q, k, v)
-    check_kv_cache(OP, "initial_state", initial_state, B, H, K, V)
-    scale = default_scale(OP, scale, K)
-    backend = resolve_backend(OP, backend, q.device, q.dtype)
-    if backend == "reference":
-        return softmax_attention_reference(q, k, v, scale, initial_state, output_final_state)
-    if backend == "torch":
-        return softmax_attention_sdpa(q, k, v, scale, initial_state, output_final_state)
-    if backend == "flash_attn":
-        from kernels.softmax_attention.flash import softmax_attention_flash
-
-        return softmax_attention_flash(q, k, v, scale, initial_state, output_final_state)
-    raise AssertionError(f"resolve_backend returned an unhandled backend {backend!r}")
+    return dispatch(
+        SPEC, backend, check_values, q=q, k=k, v=v, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state,
+    )
 
 
 def softmax_attention_step(

@@ -1,6 +1,7 @@
 """Reference kernels timed in the same process as a mixer, as extra columns of the efficiency
 tasks: softmax attention pinned to each backend (flash-attn, SDPA's flash, cuDNN,
-memory-efficient and math kernels) and FLA's chunk kernels for the ops it has.
+memory-efficient and math kernels) and FLA's chunk kernels for the ops it has (named in each
+op's OpSpec, kernels/<op>/spec.py).
 
 flash_attn and fla are optional: they are imported lazily, inside functions, and a backend
 that cannot run here is skipped with the reason recorded (never replaced by another one).
@@ -16,8 +17,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels.common.spec import FlaKernel, load_entry
+from kernels.registry import SPECS
 from mixers import Mixer
-from tasks.common.workloads import OpInputs, describe, op_inputs
+from tasks.common.workloads import describe, op_inputs, phase_call
 
 SOFTMAX_BACKENDS = ("flash_attn", "flash_attn_cute", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math")
 _SDPA = {
@@ -61,13 +64,7 @@ def softmax_baseline_call(
         raise ValueError(f"softmax_baseline_call: phase must be 'fwd' or 'fwdbwd', got {phase!r}")
     attend = _attention_fn(name)
     q, k, v = (torch.randn(B, T, H, D, device=device, dtype=dtype, requires_grad=phase == "fwdbwd") for _ in range(3))
-    if phase == "fwd":
-        def call():
-            with torch.no_grad():
-                return attend(q, k, v)
-        return call
-    grad_o = torch.randn_like(q)
-    return lambda: torch.autograd.grad(attend(q, k, v), (q, k, v), grad_o)
+    return phase_call(lambda: attend(q, k, v), [q, k, v], phase, q)
 
 
 def softmax_backend_status(name: str, H: int, D: int, device: torch.device, dtype: torch.dtype) -> str | None:
@@ -100,44 +97,25 @@ def fla_status(device: torch.device) -> str | None:
     return None
 
 
-# FLA kernel per op (and, for GLA, per gate kind): the mixer's own op and gates map onto it.
-_FLA_KERNELS = {
-    "linear_attention": "chunk_linear_attn",
-    ("gated_linear_attention", "vector"): "chunk_gla",
-    ("gated_linear_attention", "scalar"): "chunk_simple_gla",
-    "delta_rule": "chunk_delta_rule",
-    "gated_delta_rule": "chunk_gated_delta_rule",
-    "mesa": "chunk_mesa_net",
-}
+def _fla_kernel(mixer: Mixer) -> FlaKernel | None:
+    """FLA's kernel for the mixer's op and gates (its OpSpec's `fla`), or None when FLA has none."""
+    spec = SPECS.get(mixer.op_name)
+    if spec is None or not spec.fla:
+        return None
+    probe = op_inputs(mixer, 1, 1)  # one token shows the gates' kind (e.g. GLA's scalar or vector)
+    return spec.fla_kernel(spec.variant_of({"q": probe.q, "k": probe.k, "v": probe.v, **probe.gates}))
 
 
 def fla_kernel_name(mixer: Mixer) -> str | None:
     """The name of FLA's chunk kernel for the mixer's op, or None when FLA has none."""
-    if mixer.op_name == "gated_linear_attention":
-        return _FLA_KERNELS[(mixer.op_name, getattr(mixer.config, "gate", "vector"))]
-    return _FLA_KERNELS.get(mixer.op_name)
+    kernel = _fla_kernel(mixer)
+    return kernel.name if kernel is not None else None
 
 
-def _fla_kernel(mixer: Mixer) -> Callable[[OpInputs], torch.Tensor]:
-    """FLA's kernel for the mixer's op as a function OpInputs -> o [B, T, H, V]."""
-    name, cfg = fla_kernel_name(mixer), mixer.config
-    if name is None:
-        raise ValueError(f"fla has no kernel for op {mixer.op_name}")
-    ops = importlib.import_module("fla.ops")
-    if name == "chunk_linear_attn":
-        normalize = bool(getattr(cfg, "normalize", False))
-        return lambda x: ops.linear_attn.chunk_linear_attn(x.q, x.k, x.v, normalize=normalize)[0]
-    if name == "chunk_gla":
-        return lambda x: ops.gla.chunk_gla(x.q, x.k, x.v, x.gates["g"])[0]
-    if name == "chunk_simple_gla":
-        return lambda x: ops.simple_gla.chunk_simple_gla(x.q, x.k, x.v, g=x.gates["g"])[0]
-    if name == "chunk_delta_rule":
-        return lambda x: ops.delta_rule.chunk_delta_rule(x.q, x.k, x.v, x.gates["beta"])[0]
-    if name == "chunk_gated_delta_rule":
-        return lambda x: ops.gated_delta_rule.chunk_gated_delta_rule(x.q, x.k, x.v, x.gates["g"], x.gates["beta"])[0]
-    steps = int(getattr(cfg, "cg_steps", 30))
-    lamb = mixer.lamb().detach()
-    return lambda x: ops.mesa_net.chunk_mesa_net(x.q, x.k, x.v, x.gates["g"], x.gates["beta"], lamb, max_CG_iteration=steps)[0]
+def _mixer_args(mixer: Mixer, names: tuple[str, ...]) -> dict[str, Any]:
+    """What FLA's call needs beyond q, k, v and gates: config fields, or the mixer's tensors (detached)."""
+    return {name: getattr(mixer.config, name) if hasattr(mixer.config, name) else getattr(mixer, name)().detach()
+            for name in names}
 
 
 def fla_call(mixer: Mixer, phase: str, B: int, T: int) -> Callable[[], Any]:
@@ -146,12 +124,10 @@ def fla_call(mixer: Mixer, phase: str, B: int, T: int) -> Callable[[], Any]:
     if phase not in ("fwd", "fwdbwd"):
         raise ValueError(f"fla_call: phase must be 'fwd' or 'fwdbwd', got {phase!r}")
     kernel = _fla_kernel(mixer)
+    if kernel is None:
+        raise ValueError(f"fla has no kernel for op {mixer.op_name}")
+    fn = load_entry(kernel.entry)
     inputs = op_inputs(mixer, B, T, requires_grad=phase == "fwdbwd")
-    if phase == "fwd":
-        def call():
-            with torch.no_grad():
-                return kernel(inputs)
-        return call
-    wrt = [t for t in inputs.tensors() if t.requires_grad]
-    grad_o = torch.randn_like(inputs.v)
-    return lambda: torch.autograd.grad(kernel(inputs), wrt, grad_o)
+    args = {"q": inputs.q, "k": inputs.k, "v": inputs.v, **inputs.gates, **_mixer_args(mixer, kernel.mixer_args)}
+    return phase_call(lambda: kernel.call(fn, args), [t for t in inputs.tensors() if t.requires_grad], phase,
+                      inputs.v)

@@ -16,102 +16,47 @@ Conventions (so TFLOP/s figures are comparable across mixers and with other benc
 - Decode steps (one token against a cache or state) count every multiply-add on the state.
 - Layer level adds the mixer's nn.Linear layers (2 tokens in out each, backward 2 x) and the
   short convolutions (2 tokens channels width each) to the op.
-Counts are for the whole batch: B sequences, H heads.
+Counts are for the whole batch: B sequences, H heads. Each op's count is in its OpSpec
+(kernels/<op>/spec.py, shared pieces in kernels/common/counts.py); this module reads them.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-FWDBWD_FACTOR_SOFTMAX = 3.5
-FWDBWD_FACTOR_CHUNKED = 3.0
+from kernels.common.counts import chunk_sizes
+from kernels.common.counts import softmax_forward as softmax_forward_flops
+from kernels.common.spec import Counts
+from kernels.registry import SPECS
+
 FWDBWD_FACTOR_DENSE = 3.0
 
-
-def chunk_sizes(T: int, C: int) -> list[tuple[int, int]]:
-    """[(number of chunks, chunk length)]: T // C full chunks and one remainder chunk."""
-    if T < 1 or C < 1:
-        raise ValueError(f"chunk_sizes: need T >= 1 and C >= 1, got T={T}, C={C}")
-    out = [(T // C, C)] if T >= C else []
-    if T % C:
-        out.append((1, T % C))
-    return out
+__all__ = ["chunk_sizes", "chunked_forward_flops", "decode_flops", "dense_flops", "mixer_flops", "mixer_op_args",
+           "op_flops", "softmax_forward_flops"]
 
 
-def softmax_forward_flops(B: int, T: int, H: int, K: int, V: int, cache_len: int = 0) -> float:
-    """Causal softmax attention of T new queries after `cache_len` cached keys.
-
-    Per head: the T x cache block is full (2 T S (K+V)), the T x T block half (T^2 (K+V))."""
-    return float(B * H * (K + V) * (T * T + 2 * T * cache_len))
-
-
-def _chunk_linear(c: int, K: int, V: int) -> float:
-    # Q S (2cKV) + Q K^T (2c^2 K) + scores V (2c^2 V) + state update K^T V (2cKV).
-    return 4 * c * K * V + 2 * c * c * (K + V)
-
-
-def _chunk_delta(c: int, K: int, V: int) -> float:
-    # A = K K^T (2c^2 K); Tm = (I + A)^-1 by forward substitution (c^3 / 3);
-    # W = Tm (beta K) (2c^2 K); U0 = Tm (beta V) (2c^2 V); U = U0 - W S (2cKV);
-    # O = Q S (2cKV) + (Q K^T) (2c^2 K) U (2c^2 V); S' = S + K^T U (2cKV).
-    return c**3 / 3 + 6 * c * c * K + 4 * c * c * V + 6 * c * K * V
-
-
-def _chunk_mesa(c: int, K: int, V: int, cg_steps: int) -> float:
-    # H_kv path as gated linear attention with q* as the query (_chunk_linear), the H_kk
-    # state update K^T K (2cK^2), and per CG iteration one mat-vec for all c tokens:
-    # P H0 (2cK^2) + (P K^T) (2c^2 K) times K (2c^2 K).
-    return _chunk_linear(c, K, V) + 2 * c * K * K + cg_steps * (2 * c * K * K + 4 * c * c * K)
+def _counts(caller: str, op: str) -> Counts:
+    """The FLOP counts in op's OpSpec (kernels.registry)."""
+    if op not in SPECS:
+        raise ValueError(f"{caller}: op={op!r} has no count; known ops: {sorted(SPECS)}")
+    return SPECS[op].counts
 
 
 def chunked_forward_flops(op: str, B: int, T: int, H: int, K: int, V: int, chunk_size: int = 64, cg_steps: int = 0) -> float:
-    """Forward FLOPs of a linear op's chunkwise form (see the module docstring)."""
-    per_chunk = {
-        "linear_attention": lambda c: _chunk_linear(c, K, V),
-        "gated_linear_attention": lambda c: _chunk_linear(c, K, V),
-        "delta_rule": lambda c: _chunk_delta(c, K, V),
-        # Runs on the gated delta rule after O(T (K + V)) elementwise preprocessing.
-        "gated_delta_rule": lambda c: _chunk_delta(c, K, V),
-        "linearized_softmax_gdn": lambda c: _chunk_delta(c, K, V),
-        "mesa": lambda c: _chunk_mesa(c, K, V, cg_steps),
-    }
-    if op not in per_chunk:
-        raise ValueError(f"chunked_forward_flops: op={op!r} has no count; known ops: {sorted(per_chunk)}")
-    return float(B * H * sum(n * per_chunk[op](c) for n, c in chunk_sizes(T, chunk_size)))
+    """Forward FLOPs of an op (the linear ops in their chunkwise form; see the module docstring)."""
+    return _counts("chunked_forward_flops", op).forward(B, T, H, K, V, chunk_size=chunk_size, cg_steps=cg_steps)
 
 
 def op_flops(op: str, phase: str, B: int, T: int, H: int, K: int, V: int, chunk_size: int = 64, cg_steps: int = 0) -> float:
     """FLOPs of one call of `op` for phase "fwd" or "fwdbwd" on [B, T, H, K/V] inputs."""
     if phase not in ("fwd", "fwdbwd"):
         raise ValueError(f"op_flops: phase must be 'fwd' or 'fwdbwd', got {phase!r}")
-    if op == "softmax_attention":
-        fwd, factor = softmax_forward_flops(B, T, H, K, V), FWDBWD_FACTOR_SOFTMAX
-    else:
-        fwd, factor = chunked_forward_flops(op, B, T, H, K, V, chunk_size, cg_steps), FWDBWD_FACTOR_CHUNKED
-    return fwd * (factor if phase == "fwdbwd" else 1.0)
+    return _counts("op_flops", op).flops(phase, B, T, H, K, V, chunk_size=chunk_size, cg_steps=cg_steps)
 
 
 def decode_flops(op: str, B: int, H: int, K: int, V: int, context: int) -> float:
     """FLOPs of one decode step after `context` tokens, for B sequences."""
-    per_head = {
-        # q . k over S+1 keys (2(S+1)K) and the weighted sum of S+1 values (2(S+1)V).
-        "softmax_attention": 2 * (context + 1) * (K + V),
-        # h += k v^T (2KV); o = h^T q (2KV).
-        "linear_attention": 4 * K * V,
-        # decay h (KV) + the linear-attention step.
-        "gated_linear_attention": 5 * K * V,
-        # k^T h (2KV), h -= beta k (k^T h - v)^T (2KV), o = h^T q (2KV).
-        "delta_rule": 6 * K * V,
-        # decay h (KV) + the delta-rule step.
-        "gated_delta_rule": 7 * K * V,
-        "linearized_softmax_gdn": 7 * K * V,
-        # H_kk, H_kv: decay and rank-1 update (3K^2 + 3KV); exact solve by LU (2K^3/3) and
-        # two triangular solves (2K^2); o = H_kv^T q* (2KV).
-        "mesa": 5 * K * K + 5 * K * V + 2 * K**3 / 3,
-    }
-    if op not in per_head:
-        raise ValueError(f"decode_flops: op={op!r} has no count; known ops: {sorted(per_head)}")
-    return float(B * H * per_head[op])
+    return _counts("decode_flops", op).decode(B, H, K, V, context)
 
 
 def dense_flops(module: nn.Module, tokens: int) -> float:

@@ -80,6 +80,25 @@ def op_inputs(mixer: Mixer, B: int, T: int, requires_grad: bool = False) -> OpIn
     return leaves
 
 
+def phase_call(run: Callable[[], torch.Tensor], wrt: list[torch.Tensor], phase: str,
+               out_like: torch.Tensor) -> Callable[[], Any]:
+    """A zero-argument call of run() -> o for phase "fwd" (under no_grad) or "fwdbwd" (o and
+    the gradients of `wrt` for a fixed random cotangent shaped like `out_like`, o's shape)."""
+    if phase == "fwd":
+        def forward():
+            with torch.no_grad():
+                return run()
+        return forward
+    if phase != "fwdbwd":
+        raise ValueError(f"phase_call: phase must be 'fwd' or 'fwdbwd', got {phase!r}")
+    grad_o = torch.randn_like(out_like)
+
+    def forward_backward():
+        return torch.autograd.grad(run(), wrt, grad_o, allow_unused=True)
+
+    return forward_backward
+
+
 def make_call(mixer: Mixer, mode: str, phase: str, B: int, T: int) -> Callable[[], Any]:
     """A zero-argument callable running one (mode, phase) call of `mixer` at batch B, length T."""
     if mode not in MODES or phase not in PHASES:
