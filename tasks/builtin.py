@@ -1,6 +1,7 @@
 """The in-repo tasks: importing a module registers it. One line per task."""
 
 import tasks.fidelity  # noqa: F401
+import tasks.kernels  # noqa: F401
 import tasks.lm  # noqa: F401
 import tasks.lm_eval_bridge.task  # noqa: F401
 import tasks.memory  # noqa: F401

@@ -9,7 +9,7 @@ from functools import partial
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from tasks.base import RunContext, Task, TaskResult
 from tasks.common import flops as flop_counts
@@ -24,30 +24,12 @@ from tasks.common.baselines import (
 from tasks.common.crossover import crossover
 from tasks.common.layer_config import LayerTaskConfig
 from tasks.common.plots import plot_decode, plot_times
-from tasks.common.timing import TimingOptions, cpu_threads, time_callable
-from tasks.common.workloads import (
-    DTYPES,
-    build_layer,
-    describe,
-    free_memory,
-    is_oom,
-    make_call,
-)
+from tasks.common.timing import TimingConfig, TimingOptions, cpu_threads, measure
+from tasks.common.workloads import DTYPES, build_layer, free_memory, make_call
 from tasks.registry import register_task
 
 SoftmaxBackend = Literal["flash_attn", "flash_attn_cute", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math"]
 assert set(SoftmaxBackend.__args__) == set(SOFTMAX_BACKENDS)
-
-
-class TimingConfig(BaseModel):
-    """Medians after warm-up: see tasks.common.timing.TimingOptions."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    warmup: int = Field(3, ge=0)
-    min_repeats: int = Field(5, ge=1)
-    max_repeats: int = Field(100, ge=1)
-    target_ms: float = Field(300.0, gt=0, description="measured time aimed at per point")
 
 
 class ThroughputConfig(LayerTaskConfig):
@@ -110,7 +92,7 @@ class Throughput(Task):
         is_softmax = ctx.mixer == "softmax" and cfg.softmax == cfg.mixer
         softmax = mixer if is_softmax else build_layer("softmax", cfg.layer_spec(cfg.softmax), device, ctx.seed)
         t = cfg.timing
-        timing = TimingOptions(t.warmup, t.min_repeats, max(t.max_repeats, t.min_repeats), t.target_ms)
+        timing = t.options()
 
         skipped = {n: softmax_backend_status(n, cfg.num_heads, cfg.head_dim, device, dtype) for n in cfg.softmax_backends}
         if "fla" in cfg.compare:
@@ -209,13 +191,7 @@ def _shared(key: tuple, measure) -> tuple[dict, bool]:
 
 def _measure(build, device: torch.device, timing: TimingOptions) -> dict:
     """Time the call that build() returns; a failure or out-of-memory is recorded, not raised."""
-    try:
-        t = time_callable(build(), device, timing)
-        return {"status": "ok", "ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "repeats": t.repeats}
-    except Exception as e:  # noqa: BLE001 - one point's fault must not end the sweep
-        result = {"status": "oom" if is_oom(e) else "failed", "error": describe(e)}
-    free_memory(device)  # after the except block, so the traceback's tensors are gone
-    return result
+    return measure(build, device, timing, free=free_memory)
 
 
 def _rates(point: dict, mixer, mode: str, phase: str, B: int, T: int) -> None:

@@ -11,6 +11,13 @@ from tasks.base import TaskConfig
 from tasks.common.workloads import DTYPES, LayerSpec
 
 
+def length_grid(v: list[int]) -> list[int]:
+    """A task's seq_lens: non-empty, every length >= 1; returned sorted, without repeats."""
+    if not v or min(v) < 1:
+        raise ValueError(f"seq_lens must be a non-empty list of lengths >= 1, got {v}")
+    return sorted(set(v))
+
+
 class LayerTaskConfig(TaskConfig):
     seq_lens: list[int] = Field(default_factory=lambda: [64, 128, 256, 512, 1024], description="T grid")
     num_heads: int = Field(2, ge=1)
@@ -26,9 +33,7 @@ class LayerTaskConfig(TaskConfig):
     @field_validator("seq_lens")
     @classmethod
     def _grid(cls, v: list[int]) -> list[int]:
-        if not v or min(v) < 1:
-            raise ValueError(f"seq_lens must be a non-empty list of lengths >= 1, got {v}")
-        return sorted(set(v))
+        return length_grid(v)
 
     @field_validator("mixer", "softmax")
     @classmethod

@@ -17,6 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.common.workloads import describe, free_memory, is_oom
 
 # Larger than the L2 of current GPUs (H100/H200: 50-60 MB), so zeroing it evicts everything.
 _L2_FLUSH_BYTES = 256 * 2**20
@@ -42,6 +45,21 @@ class TimingOptions:
             raise ValueError(
                 f"TimingOptions: need warmup >= 0, 1 <= min_repeats <= max_repeats, target_ms > 0; got {self}"
             )
+
+
+class TimingConfig(BaseModel):
+    """A task's `timing` option: medians after warm-up (see TimingOptions)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    warmup: int = Field(3, ge=0)
+    min_repeats: int = Field(5, ge=1)
+    max_repeats: int = Field(100, ge=1)
+    target_ms: float = Field(300.0, gt=0, description="measured time aimed at per point")
+
+    def options(self) -> TimingOptions:
+        """These settings as TimingOptions (max_repeats raised to min_repeats where below it)."""
+        return TimingOptions(self.warmup, self.min_repeats, max(self.max_repeats, self.min_repeats), self.target_ms)
 
 
 @dataclass(frozen=True)
@@ -131,3 +149,17 @@ def cpu_threads(count: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def measure(build: Callable[[], Callable[[], object]], device: torch.device, timing: TimingOptions,
+            free: Callable[[torch.device], None] = free_memory) -> dict:
+    """Time the call that build() returns: {"status": "ok", "ms", "p20_ms", "p80_ms", "repeats"}, or a
+    failure or out-of-memory recorded as {"status": "failed" | "oom", "error"}, never raised; after
+    a failure free(device) returns the freed memory."""
+    try:
+        t = time_callable(build(), device, timing)
+        return {"status": "ok", "ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "repeats": t.repeats}
+    except Exception as e:  # noqa: BLE001 - one point's fault must not end the sweep
+        result = {"status": "oom" if is_oom(e) else "failed", "error": describe(e)}
+    free(device)  # after the except block, so the traceback's tensors are gone
+    return result

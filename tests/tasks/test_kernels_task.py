@@ -1,0 +1,103 @@
+"""The kernels task (tasks/kernels.py) on the CPU, tiny preset: ordinary ok records, one point
+per backend, phase and shape with the backend that ran, FLOP counts from the op's spec, the
+Triton backend under the interpreter, FLA's column through a stand-in package."""
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+import tasks.kernels as kernels_module
+from harness.config import ConfigError, resolve_config
+from harness.runner import RunSpec, execute
+from harness.tracking import Tracker
+from kernels.common.dispatch import backend_status
+from kernels.registry import SPECS
+from tasks.base import RunContext
+from tasks.kernels import Kernels
+from tests.tasks.test_throughput_fla import _stand_in_fla
+
+POINT_FIELDS = {"op", "variant", "backend", "phase", "B", "T", "H", "K", "V", "status", "ms", "p20_ms", "p80_ms",
+                "repeats", "tokens_per_s", "flops", "tflops", "bytes", "gb_per_s"}
+
+
+def _config(*sets):
+    return resolve_config(Kernels, "tiny", None, list(sets))
+
+
+def _run(tmp_path, mixer, *sets):
+    ctx = RunContext(mixer=mixer, config=_config(*sets), device=torch.device("cpu"), seed=0, artifact_dir=tmp_path)
+    return Kernels().run(ctx)
+
+
+@pytest.mark.parametrize("mixer,op", [("linear", "linear_attention"), ("gdn", "gated_delta_rule")])
+def test_record_of_the_tiny_preset(tmp_path, mixer, op):
+    cfg = _config("backends=[torch]")
+    record, path = execute(RunSpec(mixer, Kernels, "tiny", cfg, torch.device("cpu"), 0), tmp_path, Tracker(enabled=False))
+    assert record.status == "ok", record.error
+    data = json.loads(path.read_text())
+    assert data["task"] == "kernels" and data["backend"] == "torch"
+    details, metrics = data["details"], data["metrics"]
+    assert details["op"] == op and details["op_options"] == {"chunk_size": 64}
+    points = details["points"]
+    assert len(points) == 2 * 2  # 2 lengths x 2 phases, one backend
+    for p in points:
+        assert POINT_FIELDS <= set(p) and p["status"] == "ok" and p["backend"] == "torch"
+        assert p["B"] * p["T"] == 64 and (p["H"], p["K"], p["V"]) == (2, 16, 16)
+        assert p["flops"] == SPECS[op].counts.flops(p["phase"], p["B"], p["T"], 2, 16, 16, chunk_size=64)
+        assert p["tflops"] == pytest.approx(p["flops"] / (p["ms"] / 1e3) / 1e12)
+    for key in ("fwd_ms", "fwdbwd_ms", "fwd_tflops", "fwdbwd_tflops", "torch_fwdbwd_ms@T32_H2_K16"):
+        assert math.isfinite(metrics[key]) and metrics[key] > 0, key
+    assert metrics["points_failed"] == 0
+    assert details["backends"]["torch"] == "ok" and "fla" in details["backends"]
+
+
+@pytest.mark.skipif(not backend_status("triton", "cpu").usable, reason="no Triton interpreter here")
+def test_triton_runs_under_the_interpreter_beside_torch(tmp_path):
+    result = _run(tmp_path, "linear", "seq_lens=[16]")
+    ran = {(p["backend"], p["phase"]): p["status"] for p in result.details["points"]}
+    assert ran == {(b, ph): "ok" for b in ("torch", "triton") for ph in ("fwd", "fwdbwd")}
+    assert result.backend == "torch", "the record's backend is the one 'auto' picks here"
+    assert "triton_fwdbwd_ms@T16_H2_K16" in result.metrics
+
+
+def test_the_mixer_options_choose_the_variant_and_the_op_options(tmp_path):
+    result = _run(tmp_path, "gla", "backends=[torch]", "phases=[fwd]", "mixer.gate=scalar", "mixer.chunk_size=16")
+    assert result.details["variant"] == "scalar" and result.details["op_options"] == {"chunk_size": 16}
+    mesa = _run(tmp_path, "mesa", "backends=[torch]", "phases=[fwd]", "seq_lens=[16]", "mixer.cg_steps=3")
+    assert mesa.details["op_options"] == {"chunk_size": 64, "cg_steps": 3, "cg_tol": None}
+    assert mesa.details["points"][0]["flops"] == SPECS["mesa"].counts.forward(4, 16, 2, 16, 16, cg_steps=3)
+
+
+def test_fla_column_beside_the_backends(tmp_path, monkeypatch):
+    calls: list[str] = []
+    fla = _stand_in_fla(calls)
+    monkeypatch.setitem(sys.modules, "fla", fla)
+    monkeypatch.setitem(sys.modules, "fla.ops", fla.ops)
+    monkeypatch.setattr(kernels_module, "fla_status", lambda device: None)
+    result = _run(tmp_path, "gdn", "backends=[torch]", "seq_lens=[16]")
+    fla_points = [p for p in result.details["points"] if p["backend"] == "fla"]
+    assert [p["phase"] for p in fla_points] == ["fwd", "fwdbwd"]
+    assert all(p["status"] == "ok" and p["kernel"] == "chunk_gated_delta_rule" for p in fla_points)
+    assert set(calls) == {"chunk_gated_delta_rule"}
+    assert result.metrics["torch_fwd_speedup_vs_fla"] > 0
+    skipped = _run(tmp_path, "lin_gdn", "backends=[torch]", "seq_lens=[16]", "phases=[fwd]")
+    assert "no kernel" in skipped.details["backends"]["fla"]
+    assert {p["backend"] for p in skipped.details["points"]} == {"torch"}
+
+
+def test_bad_input_is_refused_before_a_run():
+    with pytest.raises(ValueError, match="valid mixers: .*gdn"):
+        Kernels.check_mixer("nope")
+    with pytest.raises(ConfigError, match="unknown backends \\['cuda'\\]"):
+        _config("backends=[cuda]")
+    with pytest.raises(ConfigError, match="set by `heads`"):
+        _config("mixer.num_heads=4")
+
+
+def test_gpu_preset_has_the_anchor_shapes():
+    cfg = resolve_config(Kernels, "gpu")
+    assert cfg.token_budget == 65536 and cfg.seq_lens == [2048, 8192] and cfg.dtype == "bfloat16"
+    assert [(h.num_heads, h.head_dim) for h in cfg.heads] == [(16, 128), (32, 64)]
