@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config import EXECUTION_ONLY
 from harness.leaderboard import flatten_config
 from harness.records import device_type_of, load_records
 from harness.sweep import load_sweep
@@ -47,7 +48,9 @@ def read_grid(sweep_file: Path) -> Grid:
         mixers=tuple(block.mixers or sweep.mixers),
         widths=tuple(sorted(int(d) for d in block.vary[WIDTH])),
         lrs=tuple(sorted(float(lr) for lr in block.vary[LR])),
-        fixed={**sweep.set, **block.set},
+        # Execution-only options (torch.compile) choose how a run executes, not which run it is.
+        fixed={k: v for k, v in {**sweep.set, **block.set}.items()
+               if tuple(k.split(".", 1)) not in EXECUTION_ONLY},
     )
 
 

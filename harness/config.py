@@ -253,7 +253,16 @@ def validate_mixer_options(mixer: str, config: BaseModel, device: str | None = N
                 raise ConfigError(f"invalid options for mixer {name!r} ({where}): {e}") from None
 
 
+# Options that choose how a run executes, not what it computes (the record still holds them):
+# a run with one of them changed is the same run, so a sweep counts it done and resumes it.
+EXECUTION_ONLY = (("optim", "compile"),)
+
+
 def config_hash(mixer: str, task: str, config: dict[str, Any], seed: int) -> str:
-    """A stable hash of everything that defines a run."""
+    """A stable hash of everything that defines a run (EXECUTION_ONLY options left out)."""
+    config = dict(config)
+    for section, key in EXECUTION_ONLY:
+        if isinstance(config.get(section), dict) and key in config[section]:
+            config[section] = {k: v for k, v in config[section].items() if k != key}
     blob = json.dumps({"mixer": mixer, "task": task, "config": config, "seed": seed}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

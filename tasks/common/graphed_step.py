@@ -13,6 +13,7 @@ optimiser state live outside the pool).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,10 +35,14 @@ class GraphedSteps:
     """One training step per call: a replayed CUDA graph, or an eager step for a new shape.
 
     The optimiser must be built with capturable=True and tensor learning rates on the device
-    (make_capturable_adamw)."""
+    (make_capturable_adamw). loss_fn(tokens, labels, scored) -> (loss, predictions, targets)
+    defaults to model.loss; a torch.compile'd one is compiled by the eager first step of each
+    shape, so capture records Inductor's kernels."""
 
-    def __init__(self, model: MixerLM, opt: torch.optim.Optimizer, grad_clip: float | None):
+    def __init__(self, model: MixerLM, opt: torch.optim.Optimizer, grad_clip: float | None,
+                 loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None):
         self.model, self.opt, self.grad_clip = model, opt, grad_clip
+        self.loss_fn = loss_fn if loss_fn is not None else model.loss
         self.pool = torch.cuda.graph_pool_handle()
         self.captured: dict[tuple[int, int, int], _Captured] = {}
         self.side = torch.cuda.Stream()
@@ -66,7 +71,7 @@ class GraphedSteps:
         return loss
 
     def _eager(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:
-        loss, _, _ = self.model.loss(tokens, labels, scored)
+        loss, _, _ = self.loss_fn(tokens, labels, scored)
         optimizer_step(self.model, self.opt, loss, self.grad_clip)
         return loss.detach()
 

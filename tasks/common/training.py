@@ -48,6 +48,10 @@ class TrainConfig(BaseModel):
     cuda_graph: bool | Literal["auto"] = Field(
         False, description="replay each training step as a CUDA graph (one launch a step): true needs a CUDA "
         "device, auto uses graphs on CUDA and eager steps elsewhere")
+    compile: bool = Field(
+        False, description="torch.compile the training step's forward and backward (static shapes, one "
+        "compile per batch shape; Inductor fuses the chunkwise ops' elementwise passes). An execution "
+        "choice like cuda_graph: it changes rounding, not the experiment, so it is not part of a run's key")
     matmul_precision: Literal["highest", "high"] = Field(
         "highest", description="float32 matrix products while training and scoring: highest is true fp32 "
         "(Zoology); high lets CUDA use TF32 tensor cores (10 mantissa bits per input, fp32 sums)")
@@ -137,6 +141,16 @@ def float32_matmul(precision: str) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
+COMPILED_SHAPES = 64  # batch shapes a compiled loss specialises to before dynamo gives up on one
+
+
+def compiled_loss(model: MixerLM) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """model.loss under torch.compile, specialised to each batch shape (a recall task has a few:
+    one per setting and its last, partial batch). Evaluation keeps the eager model."""
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, COMPILED_SHAPES)
+    return torch.compile(model.loss, dynamic=False)
+
+
 def uses_cuda_graph(cfg: TrainConfig, device: torch.device) -> bool:
     """Whether training steps are graphed on `device`; true without CUDA is an error."""
     if cfg.cuda_graph is True and device.type != "cuda":
@@ -176,7 +190,8 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
     steps_per_epoch = sum(math.ceil(x.shape[0] / cfg.batch_size) for x, _ in blocks)
     total = steps_per_epoch * cfg.epochs
     opt = _optimizer(model, cfg, graphed, device)
-    runner = GraphedSteps(model, opt, cfg.grad_clip) if graphed else None
+    loss_fn = compiled_loss(model) if cfg.compile else model.loss
+    runner = GraphedSteps(model, opt, cfg.grad_clip, loss_fn) if graphed else None
     if graphed:
         scored_per_row = [(y != -100).sum(1) for _, y in blocks]  # on the host: no sync per batch
         blocks = [(x.to(device), y.to(device)) for x, y in blocks]
@@ -224,7 +239,7 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
             else:
                 x, y = inputs[idx].to(device), labels[idx].to(device)
                 try:
-                    loss, _, _ = model.loss(x, y)
+                    loss, _, _ = loss_fn(x, y)
                 except ValueError as e:
                     raise _diverged_from(e, model, step, epoch) from e
                 if not torch.isfinite(loss):
