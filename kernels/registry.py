@@ -6,6 +6,9 @@ below, "module:attribute" of that spec. The order is the order of kernels.OPS.
 
 from __future__ import annotations
 
+import torch
+
+from kernels.common.dispatch import backend_status, triton_interpret
 from kernels.common.spec import OpSpec, load_entry
 
 _SPECS = (
@@ -28,6 +31,24 @@ def _load(path: str) -> OpSpec:
 
 
 SPECS: dict[str, OpSpec] = {spec.name: spec for spec in map(_load, _SPECS)}
+
+
+def _preload_triton_entries() -> None:
+    """Import every op's Triton entry module where Triton runs (CUDA, or the interpreter), so
+    that torch.compile never meets a first import while tracing (an import is a graph break)."""
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not triton_interpret():
+        return
+    if not backend_status("triton", device).usable:
+        return
+    for spec in SPECS.values():
+        entry = spec.backends.get("triton")
+        if entry is not None and isinstance(entry.entry, str):
+            load_entry(entry.entry)
+
+
+_preload_triton_entries()
 
 
 def op_spec(name: str) -> OpSpec:

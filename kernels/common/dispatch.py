@@ -34,11 +34,23 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+# Whether a package is importable, looked up once per process: torch.compile refuses to trace
+# importlib (a graph break), and a dict read traces as a constant.
+_PRESENT: dict[str, bool] = {}
+OPTIONAL_PACKAGES = ("triton", "flash_attn", "fla")
+
+
 def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+    if name not in _PRESENT:
+        try:
+            _PRESENT[name] = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            _PRESENT[name] = False
+    return _PRESENT[name]
+
+
+for _name in OPTIONAL_PACKAGES:
+    _has_module(_name)
 
 
 def backend_status(backend: str, device: torch.device | str) -> BackendStatus:

@@ -7,6 +7,11 @@ torch._dynamo.explain runs the function once and reports the graphs it captured 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch._dynamo
@@ -153,3 +158,24 @@ def test_value_checks_name_the_argument_and_check_values_false_skips_them(case, 
     with pytest.raises(ValueError, match=f"{op}: {message}"):
         getattr(kernels, op)(*args, backend="torch", **extra)
     getattr(kernels, op)(*args, backend="torch", check_values=False, **extra)  # the caller vouches
+
+
+FRESH_PROCESS_EXPLAIN = """
+import torch, torch._dynamo
+from mixers import build_mixer
+torch.manual_seed(0)
+layer = build_mixer("gdn", 32, {"num_heads": 2, "backend": "triton"})
+ex = torch._dynamo.explain(layer)(torch.randn(1, 70, 32))
+print(ex.graph_break_count, [str(r.reason)[:300] for r in ex.break_reasons])
+"""
+
+
+@needs_triton
+def test_a_fresh_process_traces_a_triton_layer_without_a_break():
+    """The first call of a process, traced: no backend lookup or lazy import may run inside
+    dynamo (importlib and __import__ are graph breaks). Another test may have imported the
+    Triton modules already, so this runs in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", FRESH_PROCESS_EXPLAIN], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1].startswith("0 "), out.stdout[-2000:]
