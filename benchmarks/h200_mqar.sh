@@ -8,6 +8,8 @@
 # (or unpack them into .resume-carry/) and carry it on the next call, and those runs go on from
 # their last epoch. Logs come back in logs.tgz, the background GPU tests' in gpu_tests.tgz.
 #   SWEEP=configs/mqar-paper.yaml DEADLINE_S=570 PACK=6 bash benchmarks/h200_mqar.sh
+# From a snapshot (benchmarks/devtree.sh builds .devtree with the wheels and resume states):
+#   cd .devtree && TESTS=0 ALONE=0 PACK=4 DEADLINE_S=555 bash benchmarks/h200_mqar.sh   (carry [".devtree"])
 # TESTS=0, ALONE=0 skip those parts (TEST_FILES: other test files); TESTS_BG=1 runs the GPU test
 # files of TEST_FILES_BG (default tests/gpu/test_*.py) beside the sweep, one process per file (their
 # Triton compiles use the CPU cores the graphed sweep leaves idle), logs and each file's errors
