@@ -8,6 +8,13 @@ the random inputs, the FLOP counts and FLA's kernel); the mixer's options give t
 options (chunk_size, cg_steps, ...) and the input variant (GLA's gate kind). Every point records
 the backend that ran it; the record's backend is the one "auto" picks here, whose times are
 the record's metrics.
+
+`launch` changes the Triton kernels' launch settings for the run (op -> field changes, as
+kernels/common/launch.py's with_changes takes them), so a sweep's `vary` times variants:
+
+    vary: {launch.gated_delta_rule.wy_fwd.BK: [32, 64, 128]}
+
+The record's `launch` field holds the settings every Triton op of the run ran with.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kernels.common.dispatch import ALL_BACKENDS
+from kernels.common.launch import DEFAULTS as LAUNCH_DEFAULTS
+from kernels.common.launch import launch_settings, with_changes
 from kernels.common.spec import OpSpec, io_bytes, load_entry
 from kernels.registry import SPECS
 from mixers import build_mixer, get_mixer, mixer_names
@@ -51,6 +60,9 @@ class KernelsConfig(TaskConfig):
         None, description="the op's backends to time; default every one but the per-token reference")
     compare: list[Literal["fla"]] = Field(default_factory=lambda: ["fla"], description="other libraries' kernels")
     mixer: dict[str, Any] = Field(default_factory=dict, description="options of the mixer whose op is timed")
+    launch: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="launch-setting changes per op, e.g. {gated_delta_rule: {wy_fwd: {BK: 32}}} (kernels/common/launch.py)")
     timing: TimingConfig = Field(default_factory=TimingConfig)
     cpu_threads: int | None = Field(1, ge=1, description="torch intra-op threads on the CPU during the run")
 
@@ -72,6 +84,16 @@ class KernelsConfig(TaskConfig):
         unknown = [b for b in v or [] if b not in ALL_BACKENDS]
         if unknown:
             raise ValueError(f"unknown backends {unknown}; valid: {', '.join(ALL_BACKENDS)}")
+        return v
+
+    @field_validator("launch")
+    @classmethod
+    def _launch_changes(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        # Applied to the defaults here so that a bad name or value fails the config, not the run.
+        for op, changes in v.items():
+            if op not in LAUNCH_DEFAULTS:
+                raise ValueError(f"no launch settings for op {op!r}; ops with Triton kernels: {sorted(LAUNCH_DEFAULTS)}")
+            with_changes(LAUNCH_DEFAULTS[op], changes, op)
         return v
 
     @field_validator("mixer")
@@ -120,7 +142,8 @@ class Kernels(Task):
                              f"(kernels.registry); valid mixers: {', '.join(valid)}")
 
     def run(self, ctx: RunContext) -> TaskResult:
-        with cpu_threads(ctx.config.cpu_threads if ctx.device.type == "cpu" else None):
+        cfg: KernelsConfig = ctx.config
+        with cpu_threads(cfg.cpu_threads if ctx.device.type == "cpu" else None), launch_settings(**cfg.launch):
             return self._run(ctx)
 
     def _run(self, ctx: RunContext) -> TaskResult:

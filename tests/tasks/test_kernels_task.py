@@ -101,3 +101,34 @@ def test_gpu_preset_has_the_anchor_shapes():
     cfg = resolve_config(Kernels, "gpu")
     assert cfg.token_budget == 65536 and cfg.seq_lens == [2048, 8192] and cfg.dtype == "bfloat16"
     assert [(h.num_heads, h.head_dim) for h in cfg.heads] == [(16, 128), (32, 64)]
+
+
+def test_launch_changes_are_validated_against_the_settings_dataclasses():
+    cfg = _config("launch.gated_delta_rule.wy_fwd.BK=32", "launch.gated_delta_rule.fused_fwd.enabled=true")
+    assert cfg.launch == {"gated_delta_rule": {"wy_fwd": {"BK": 32}, "fused_fwd": {"enabled": True}}}
+    with pytest.raises(ConfigError, match="no launch settings for op 'softmax_attention'"):
+        _config("launch.softmax_attention.fwd.BK=32")
+    with pytest.raises(ConfigError, match="gated_delta_rule.wy_fwd: no setting 'BQ'"):
+        _config("launch.gated_delta_rule.wy_fwd.BQ=32")
+    with pytest.raises(ConfigError, match="BK must be one of"):
+        _config("launch.gated_delta_rule.wy_fwd.BK=48")
+
+
+@pytest.mark.skipif(not backend_status("triton", "cpu").usable, reason="no Triton interpreter here")
+def test_launch_changes_hold_for_the_run_and_land_in_its_record(tmp_path):
+    cfg = _config("backends=[triton]", "seq_lens=[16]", "phases=[fwd]", "launch.linear_attention.fwd_output.BV=32")
+    record, path = execute(RunSpec("linear", Kernels, "tiny", cfg, torch.device("cpu"), 0), tmp_path, Tracker(enabled=False))
+    assert record.status == "ok", record.error
+    launch = json.loads(path.read_text())["launch"]["linear_attention"]
+    assert launch["fwd_output"]["BV"] == 32 and launch["fwd_output"]["BK"] == 64
+
+
+def test_the_launch_sweep_varies_block_sizes():
+    from pathlib import Path
+
+    from harness.sweep import expand, load_sweep
+
+    plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch.yaml"), "cuda")
+    launches = [p.config["launch"]["gated_delta_rule"] for p in plan.points]
+    assert len(plan.points) == len({p.key for p in plan.points}) == 6
+    assert {(x["wy_fwd"]["BK"], x["output_fwd"]["BV"]) for x in launches} == {(a, b) for a in (32, 64, 128) for b in (64, 128)}
