@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.timing import save_record
+from benchmarks.json_record import save_record
 from harness.config import resolve_config
 from tasks.common.datacache import cached_arrays
 from tasks.mqar_data import GENERATOR_VERSION, make_mqar

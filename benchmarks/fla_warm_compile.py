@@ -1,11 +1,11 @@
-"""Compile FLA's autotuned kernels in parallel before a benchmark times FLA.
+"""Compile FLA's autotuned kernels in parallel before the kernels task times FLA.
 
 FLA 0.6.0's chunk_gla autotunes a few hundred Triton configurations on its first call and
 compiles each one in turn: on the H200 device that outlasted a 10-minute call (three tries).
 Compiling is CPU work and Triton caches every compiled kernel on disk (TRITON_CACHE_DIR), so
 this script starts N worker processes; worker i keeps every N-th configuration of each FLA
-autotuner (from the i-th on) and runs the op forward and backward once at the benchmark's
-shape, which compiles its share into the shared cache. The benchmark that follows then
+autotuner (from the i-th on) and runs the op forward and backward once at the kernels task's gpu
+shape, which compiles its share into the shared cache. The kernels task that follows then
 autotunes over ALL of FLA's configurations as usual, benchmarking each on an idle GPU, and
 finds them compiled: FLA's choice of configuration is unchanged, only the wait is shorter.
 
@@ -53,18 +53,30 @@ def fla_modules() -> list:
     return [module for name, module in list(sys.modules.items()) if name == "fla" or name.startswith("fla.")]
 
 
+# --op -> (op, input variant): FLA's kernel and the inputs come from the op's spec.
+OPS = {"gla_vector": ("gated_linear_attention", "vector"), "gla_scalar": ("gated_linear_attention", "scalar"),
+       "linear": ("linear_attention", "default")}
+
+
 def worker(op: str, T: int, index: int, count: int) -> None:
     import torch
 
-    from benchmarks.bench_linear_gla import fla_impl, make_inputs
+    from kernels.common.spec import load_entry
+    from kernels.registry import SPECS
 
-    fn = fla_impl(op)  # imports the op, and with it the modules of its kernels
+    name, variant = OPS[op]
+    spec = SPECS[name]
+    fla = spec.fla_kernel(variant)
+    kernel = load_entry(fla.entry)  # imports the op, and with it the modules of its kernels
     kept = shard_autotuners(fla_modules(), index, count)
-    q, k, v, g = (None if t is None else t.requires_grad_(True) for t in make_inputs(T, op))
+    # the kernels task's gpu preset: B·T 65,536, 16 heads of 128, bf16
+    args = spec.make_inputs(max(1, 65536 // T), T, 16, 128, 128, variant=variant, dtype=torch.bfloat16,
+                            device=torch.device("cuda"), seed=0)
+    wrt = [t.requires_grad_(True) for t in args.values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
     started = time.time()
-    o = fn(q, k, v, g)[0]
+    o = fla.call(kernel, args)
     try:
-        torch.autograd.grad(o, [t for t in (q, k, v, g) if t is not None], torch.randn_like(o))
+        torch.autograd.grad(o, wrt, torch.randn_like(o))
     except RuntimeError as e:  # FLA refuses some backwards on this Triton: its forward is compiled
         print(f"shard {index}: backward raised {type(e).__name__}: {str(e)[:120]}", flush=True)
     torch.cuda.synchronize()
@@ -73,14 +85,14 @@ def worker(op: str, T: int, index: int, count: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--op", default="gla_vector", choices=["gla_vector", "gla_scalar", "linear"])
+    ap.add_argument("--op", default="gla_vector", choices=sorted(OPS))
     ap.add_argument("--T", type=int, default=2048, help="sequence length of the warm-up call (the "
                     "autotuning keys of these kernels do not depend on it)")
     ap.add_argument("--procs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not os.environ.get("TRITON_CACHE_DIR"):
-        sys.exit("fla_warm_compile: set TRITON_CACHE_DIR to the cache the benchmark will use")
+        sys.exit("fla_warm_compile: set TRITON_CACHE_DIR to the cache the kernels task will use")
     if args.shard is not None:
         worker(args.op, args.T, args.shard, args.procs)
         return

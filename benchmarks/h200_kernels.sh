@@ -1,22 +1,39 @@
 #!/usr/bin/env bash
-# Kernel benchmarks on one H200 in one device call (each stage has its own time limit, and
-# each benchmark rewrites its JSON after every measurement, so a cut stage keeps what it
-# measured): the delta rules with per-kernel tuning variants, then linear attention / GLA,
-# both side by side with FLA 0.6.0 in the same process.
+# Kernel timings on one H200 in one device call, as ordinary run records of the kernels task
+# (tasks/kernels.py, the one timer of tasks/common/timing.py): the sweep files below, each
+# under its own time limit. A sweep resumes from the records it finds, so a cut call loses
+# only the run in flight; the records land in $OUT/results/runs/kernels/ (copy them into
+# results/ for harness compare, the leaderboard and the dashboard).
 #
-#   bash benchmarks/h200_kernels.sh            # with carry=[".whl"]; results land in $OUT
+#   bash benchmarks/h200_kernels.sh            # with carry=[".whl"]
 #
-# DELTA_S / LINEAR_S: seconds for each stage (defaults 170 / 330).
-# VARIANTS: JSON list of DeltaLaunch changes (kernels/common/launch.py) timed per kernel at T = 8192 (bench_delta.py --variants;
-# none by default: the variants of 2026-11-29 are adopted, results/bench/h200_delta.json).
+# SWEEPS: sweep files, space-separated (default configs/kernels-gpu.yaml, every op beside FLA;
+# configs/kernels-launch.yaml times launch-setting variants); SWEEP_S: seconds for each.
+# MIXERS: only these mixers of the sweeps (comma-separated; empty: all).
+# TESTS / TESTS_S: GPU test files run first, and their limit (0: none; the default).
+# FLA_WARM_S (0: off): first compile FLA's autotuned chunk_gla kernels in FLA_WARM_PROCS
+# parallel processes (benchmarks/fla_warm_compile.py) into the Triton cache .triton_cache/,
+# which a warm machine keeps between calls, so the sweep's FLA columns find them compiled.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/h200_kernels_out}
 source benchmarks/device_preamble.sh
+mkdir -p .triton_cache "$OUT/results"
+export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1
+# earlier records carried in (results/runs/kernels) count as done
+[ -d results/runs/kernels ] && mkdir -p "$OUT/results/runs" && cp -r results/runs/kernels "$OUT/results/runs/"
 
-VARIANTS=${VARIANTS:-}  # e.g. '[{"wy_fwd": {"BK": 128, "BV": 128}}]'
-timeout -s INT "${DELTA_S:-170}" python3 benchmarks/bench_delta.py --out "$OUT/h200_delta.json" \
-    --variants "$VARIANTS" --variants-T 8192 2>&1 | tee "$OUT/delta.log"
-timeout -s INT "${LINEAR_S:-330}" python3 benchmarks/bench_linear_gla.py --out "$OUT/h200_linear_gla.json" \
-    --breakdown-T 2>&1 | tee "$OUT/linear_gla.log"
-ls -la "$OUT"
+if [ "${TESTS_S:-0}" -gt 0 ]; then
+    # shellcheck disable=SC2086
+    timeout -s INT "${TESTS_S}" python3 -m pytest -q -s -p no:cacheprovider ${TESTS:-tests/gpu} 2>&1 \
+        | grep -E "GPU-ERR|passed|failed|Error|PASSED|FAILED" | tee "$OUT/gpu_tests.log"
+fi
+if [ "${FLA_WARM_S:-0}" -gt 0 ]; then
+    timeout -s INT "${FLA_WARM_S}" python3 benchmarks/fla_warm_compile.py --op gla_vector \
+        --procs "${FLA_WARM_PROCS:-14}" 2>&1 | grep -v "^\s*$" | tail -n 20 | tee "$OUT/fla_warm.log"
+fi
+for sweep in ${SWEEPS:-configs/kernels-gpu.yaml}; do
+    timeout -s INT "${SWEEP_S:-500}" python3 -m harness sweep "$sweep" --results "$OUT/results" --no-wandb \
+        ${MIXERS:+--mixer "$MIXERS"} 2>&1 | tail -n 40 | tee "$OUT/$(basename "$sweep" .yaml).log"
+done
+ls -laR "$OUT/results/runs" 2>/dev/null | tail -n 30

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.timing import save_record
+from benchmarks.json_record import save_record
 from harness.records import load_records
 
 

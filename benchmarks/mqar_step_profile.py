@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.timing import save_record
+from benchmarks.json_record import save_record
 from harness.config import resolve_config
 from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw
 from tasks.common.model import MixerLM

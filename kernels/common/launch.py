@@ -22,8 +22,9 @@ calls note_launch(op) and the settings it ran with land in the yielded dict, whi
 runner writes into the run record's `launch` field.
 
 The defaults were measured on one H200 at K = V = 128 (results/bench/h200_linear_gla.json,
-h200_linear_gla_tune.json, h200_delta.json, h200_mesa.json); benchmarks time alternatives
-by running under launch_settings. This module imports neither torch nor triton.
+h200_linear_gla_tune.json, h200_delta.json, h200_mesa.json); the kernels task times
+alternatives under launch_settings (its `launch` field, a sweep's `vary`:
+configs/kernels-launch.yaml). This module imports neither torch nor triton.
 """
 
 from __future__ import annotations

@@ -42,3 +42,11 @@ def test_shards_cover_every_configuration_once():
 def test_bad_shard_index():
     with pytest.raises(ValueError, match="shard index"):
         shard_autotuners([fake_module()], 3, 3)
+
+
+def test_every_op_has_an_fla_kernel_in_its_spec():
+    from benchmarks.fla_warm_compile import OPS
+    from kernels.registry import SPECS
+
+    for name, variant in OPS.values():
+        assert SPECS[name].fla_kernel(variant) is not None, (name, variant)

@@ -91,7 +91,7 @@ def check_against_fp64(tensors, h0, tol, chunk_size=64, label=""):
     paths = ""
     if "g" in tensors and tensors["g"].dim() == 4:
         paths = " paths " + str(path_shares(tensors["g"], tensors["q"].dtype, chunk_size))
-    # one line the device scripts keep (benchmarks/h200_checks.sh greps "GPU-ERR")
+    # one line the device scripts keep (benchmarks/h200_kernels.sh greps "GPU-ERR")
     print(f"\nGPU-ERR {label}: " + " ".join(f"{n}={e:.2e}" for n, e in errors.items()) + paths)
     return errors
 

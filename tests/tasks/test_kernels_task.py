@@ -132,3 +132,14 @@ def test_the_launch_sweep_varies_block_sizes():
     launches = [p.config["launch"]["gated_delta_rule"] for p in plan.points]
     assert len(plan.points) == len({p.key for p in plan.points}) == 6
     assert {(x["wy_fwd"]["BK"], x["output_fwd"]["BV"]) for x in launches} == {(a, b) for a in (32, 64, 128) for b in (64, 128)}
+
+
+def test_the_gpu_sweep_times_every_op_and_both_gla_gates():
+    from pathlib import Path
+
+    from harness.sweep import expand, load_sweep
+
+    plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-gpu.yaml"), "cuda")
+    runs = {(p.mixer, p.config["mixer"].get("gate")) for p in plan.points}
+    assert {m for m, _ in runs} == {"softmax", "linear", "gla", "deltanet", "gdn", "lin_gdn", "mesa"}
+    assert ("gla", "scalar") in runs and len(plan.points) == 8
