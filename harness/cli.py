@@ -56,6 +56,7 @@ def list_cmd() -> None:
 
     from kernels import backend_status
     from kernels.common.dispatch import ALL_BACKENDS
+    from kernels.softmax_attention.spec import explain_auto
     from mixers import get_mixer, mixer_names
     from tasks import get_task, task_names
 
@@ -78,17 +79,33 @@ def list_cmd() -> None:
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     backends = Table(title="Backends")
     backends.add_column("backend")
+    backends.add_column("ops")
     for d in devices:
         backends.add_column(f"on {d}")
     for b in (*ALL_BACKENDS, "fla"):
         cells = []
         for d in devices:
             st = backend_status(b, d)
-            cells.append(("[green]yes[/] " if st.usable else "[red]no[/] ") + st.reason)
-        backends.add_row(b, *cells)
+            cells.append(("[green]yes[/] " if st.usable else "[red]no[/] ") + escape(st.reason))
+        backends.add_row(b, _ops_with_backend(b), *cells)
     console.print(backends)
+    # "auto" for softmax depends on the dtype too: one line per device for half and full precision.
+    for d in devices:
+        for dtype in (torch.bfloat16, torch.float32):
+            console.print(f"softmax_attention {escape(explain_auto(d, dtype))}", highlight=False)
     if not torch.cuda.is_available():
         console.print("[dim]No CUDA device here: the triton backend runs only under TRITON_INTERPRET=1 (tests).[/]")
+
+
+def _ops_with_backend(backend: str) -> str:
+    """The registered ops that have `backend` ("fla": those with an FLA kernel to compare with)."""
+    from kernels.registry import SPECS
+
+    if backend == "fla":
+        names = [name for name, spec in SPECS.items() if spec.fla]
+    else:
+        names = [name for name, spec in SPECS.items() if backend in spec.backends]
+    return "all" if len(names) == len(SPECS) else ", ".join(names)
 
 
 def _progress():

@@ -17,7 +17,9 @@ import torch
 # The backends of an op that has no OpSpec; each registered op lists its own in its spec.
 DEFAULT_BACKENDS = ("reference", "torch", "triton")
 # Every backend name any op has (the CLI's table of what runs here).
-ALL_BACKENDS = ("reference", "torch", "triton", "flash_attn")
+ALL_BACKENDS = ("reference", "torch", "triton", "fa4", "fa3", "flash_attn")
+# Softmax attention's FlashAttention backends, fastest first: "auto" tries them in this order.
+FLASH_BACKENDS = ("fa4", "fa3", "flash_attn")
 
 
 @dataclass(frozen=True)
@@ -37,13 +39,39 @@ def triton_interpret() -> bool:
 # Whether a package is importable, looked up once per process: torch.compile refuses to trace
 # importlib (a graph break), and a dict read traces as a constant.
 _PRESENT: dict[str, bool] = {}
-OPTIONAL_PACKAGES = ("triton", "flash_attn", "fla")
+# flash_attn: FlashAttention-2 (its flash_attn_func lives in the package's __init__);
+# flash_attn_interface: FlashAttention-3 (the hopper/ build); flash_attn.cute: FlashAttention-4,
+# whose CuTe DSL imports as cutlass (package nvidia-cutlass-dsl).
+OPTIONAL_PACKAGES = ("triton", "flash_attn", "flash_attn_interface", "flash_attn.cute", "cutlass", "fla")
+# Packages that count only as regular packages: FlashAttention-4's wheel installs flash_attn/cute
+# without flash_attn/__init__.py, so flash_attn alone is then a bare namespace without FA2 in it.
+_REGULAR_ONLY = ("flash_attn",)
+
+
+def _find(name: str) -> bool:
+    """Whether module `name` can be imported, found without importing anything: find_spec on a
+    dotted name imports its parent (flash_attn's __init__ loads the FA2 CUDA extension), so a
+    submodule is looked for as a folder or .py file in its parent package's search path."""
+    top, *subs = name.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        return False
+    if not subs:
+        return name not in _REGULAR_ONLY or spec.origin not in (None, "namespace")
+    locations = list(spec.submodule_search_locations or [])
+    for i, sub in enumerate(subs):
+        if i == len(subs) - 1 and any(os.path.isfile(os.path.join(loc, sub + ".py")) for loc in locations):
+            return True
+        locations = [os.path.join(loc, sub) for loc in locations if os.path.isdir(os.path.join(loc, sub))]
+        if not locations:
+            return False
+    return True
 
 
 def _has_module(name: str) -> bool:
     if name not in _PRESENT:
         try:
-            _PRESENT[name] = importlib.util.find_spec(name) is not None
+            _PRESENT[name] = _find(name)
         except (ImportError, ValueError):
             _PRESENT[name] = False
     return _PRESENT[name]
@@ -51,6 +79,54 @@ def _has_module(name: str) -> bool:
 
 for _name in OPTIONAL_PACKAGES:
     _has_module(_name)
+
+# (major, minor) compute capability per CUDA device, read once: the FlashAttention backends ask
+# on every resolution, inside compiled models too.
+_CAPABILITY: dict[str, tuple[int, int]] = {}
+
+
+def device_capability(device: torch.device | str) -> tuple[int, int] | None:
+    """The CUDA compute capability (major, minor) of `device`, or None when it is not a CUDA
+    device of this process. The FlashAttention backends' one device check: tests replace it to
+    run those backends' dispatch on the CPU."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    key = str(dev)
+    if key not in _CAPABILITY:
+        _CAPABILITY[key] = tuple(torch.cuda.get_device_capability(dev))
+    return _CAPABILITY[key]
+
+
+# backend -> (its name in messages, how to install it, the oldest architecture it runs on).
+# FA4's source has an sm80 path too; on Ampere FA2 is the tuned kernel, so fa4 starts at Hopper.
+_FLASH = {
+    "fa4": ("FlashAttention-4 (flash_attn.cute)", "pip install flash-attn-4", (9, 0)),
+    "fa3": ("FlashAttention-3 (flash_attn_interface)", "build flash-attention's hopper/ folder", (9, 0)),
+    "flash_attn": ("FlashAttention-2 (flash_attn)", "pip install flash-attn", (8, 0)),
+}
+
+
+def _flash_status(backend: str, dev: torch.device) -> BackendStatus:
+    """Package, then device, then architecture: the first thing missing is the reason."""
+    label, install, oldest = _FLASH[backend]
+    if backend == "fa4":
+        if not _has_module("flash_attn.cute"):
+            return BackendStatus(backend, False, f"{label} is not installed ({install})")
+        if not _has_module("cutlass"):
+            return BackendStatus(backend, False, f"{label} is present but its CuTe DSL is not "
+                                                 "(package nvidia-cutlass-dsl, imported as cutlass)")
+    elif not _has_module("flash_attn_interface" if backend == "fa3" else "flash_attn"):
+        return BackendStatus(backend, False, f"{label} is not installed ({install})")
+    capability = device_capability(dev)
+    if capability is None:
+        return BackendStatus(backend, False, f"{label} needs a CUDA device, got {dev.type}")
+    if backend != "flash_attn" and torch.version.hip is not None:
+        return BackendStatus(backend, False, f"{label} needs an NVIDIA GPU; this torch is a ROCm build")
+    if capability < oldest:
+        arch = "sm{}{}".format(*capability)
+        return BackendStatus(backend, False, f"{label} needs sm{oldest[0]}{oldest[1]} or newer, got {arch}")
+    return BackendStatus(backend, True, "{} installed, sm{}{} CUDA device".format(label, *capability))
 
 
 def backend_status(backend: str, device: torch.device | str) -> BackendStatus:
@@ -68,12 +144,8 @@ def backend_status(backend: str, device: torch.device | str) -> BackendStatus:
         return BackendStatus(
             backend, False, "no CUDA device (set TRITON_INTERPRET=1 to run it on the CPU interpreter)"
         )
-    if backend == "flash_attn":
-        if not (_has_module("flash_attn")):
-            return BackendStatus(backend, False, "package flash_attn is not installed")
-        if dev.type != "cuda":
-            return BackendStatus(backend, False, "flash_attn needs a CUDA device")
-        return BackendStatus(backend, True, "flash_attn installed, CUDA device")
+    if backend in FLASH_BACKENDS:
+        return _flash_status(backend, dev)
     if backend == "fla":
         if not _has_module("fla"):
             return BackendStatus(backend, False, "package fla (flash-linear-attention) is not installed")
@@ -87,13 +159,6 @@ def auto_kernel(device: torch.device | str, dtype: torch.dtype | None = None) ->
     """"auto" for the ops with a Triton backend: triton on CUDA where it runs, else torch."""
     dev = torch.device(device)
     return "triton" if dev.type == "cuda" and backend_status("triton", dev).usable else "torch"
-
-
-def auto_attention(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
-    """"auto" for softmax attention: flash_attn where it runs and the inputs are fp16/bf16
-    (all flash_attn takes), else torch (SDPA)."""
-    half = dtype in (torch.float16, torch.bfloat16)
-    return "flash_attn" if half and backend_status("flash_attn", torch.device(device)).usable else "torch"
 
 
 def choose_backend(
@@ -126,8 +191,8 @@ def resolve_backend(
     """Return the concrete backend that runs `op` for tensors on `device`.
 
     `requested` is "auto" or one of the op's backends (its OpSpec in kernels.registry). "auto"
-    picks triton on CUDA and torch elsewhere (softmax: flash_attn where it runs and the
-    inputs are fp16/bf16, which is all flash_attn takes; else torch/SDPA). An op that is not
+    picks triton on CUDA and torch elsewhere (softmax: the fastest FlashAttention that runs
+    for fp16/bf16 inputs, else torch/SDPA; kernels/softmax_attention/spec.py). An op that is not
     registered (a third-party mixer's own op) has the backends reference, torch and triton.
     Raises ValueError naming the op, the request and what is valid here.
     """

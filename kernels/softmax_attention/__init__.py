@@ -2,7 +2,9 @@
 with a KV cache as its state.
 
 Backends: reference (explicit masked softmax, fp32/fp64), torch (scaled_dot_product_attention),
-flash_attn (FlashAttention, CUDA, fp16/bf16). There is no triton backend.
+fa4 / fa3 / flash_attn (FlashAttention-4, -3, -2; CUDA, fp16/bf16; flash.py). "auto" runs the
+first of those three that runs here for fp16/bf16 on CUDA, else torch (spec.py). There is no
+triton backend.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ def softmax_attention(
 
     q, k: [B, T, H, K]; v: [B, T, H, V]; scale multiplies q (default K ** -0.5);
     initial_state: KVCache(k [B, S, H, K], v [B, S, H, V]) of S earlier tokens, which every
-    new query attends to in full, or None. backend: "auto" | "reference" | "torch" |
-    "flash_attn". Returns o: [B, T, H, V] in q's dtype and, if output_final_state, the
-    KVCache of all S + T tokens (in the dtype of k, v), else None.
+    new query attends to in full, or None. backend: "auto" | "reference" | "torch" | "fa4" |
+    "fa3" | "flash_attn" ("auto": the fastest FlashAttention usable here for fp16/bf16 on
+    CUDA, else torch; the FlashAttention backends refuse fp32/fp64 and the CPU). Returns o:
+    [B, T, H, V] in q's dtype and, if output_final_state, the KVCache of all S + T tokens (in
+    the dtype of k, v), else None.
 
     check_values: accepted so that every op takes it; this op has no values to check (its
     shape, dtype and device checks read no data).

@@ -1,8 +1,7 @@
 """softmax_attention: reference vs an independent per-query loop, SDPA ("torch") vs the fp64
-reference (outputs, caches, gradients of q, k, v and the cache), flash_attn on CUDA,
-decoding steps on the KV cache, bad input."""
-
-import importlib.util
+reference (outputs, caches, gradients of q, k, v and the cache), decoding steps on the KV
+cache, bad input. The FlashAttention backends: test_softmax_backends.py (CPU, fake packages)
+and tests/gpu/test_softmax_flash_gpu.py."""
 
 import pytest
 import torch
@@ -119,20 +118,6 @@ def test_step_without_cache_returns_its_value():
     q, k, v, _ = inputs(1, 8, 4, 0, torch.float32)
     o_t, cache = softmax_attention_step(q[:, 0], k[:, 0], v[:, 0], None)
     assert torch.allclose(o_t, v[:, 0]) and cache.k.shape == (B, 1, H, 8)
-
-
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or importlib.util.find_spec("flash_attn") is None,
-    reason="flash_attn backend needs CUDA and the flash_attn package",
-)
-@pytest.mark.parametrize("S", [0, 30])
-def test_flash_attn_matches_reference(S):
-    q, k, v, cache = inputs(200, 64, 64, S, torch.bfloat16)
-    q, k, v = q.cuda(), k.cuda(), v.cuda()
-    cache = KVCache(cache.k.cuda(), cache.v.cuda()) if cache else None
-    o, _ = softmax_attention(q, k, v, initial_state=cache, backend="flash_attn")
-    o_ref, _ = softmax_attention(*as_fp64(q, k, v, cache), backend="reference")
-    assert rel_err(o, o_ref) < TOL[torch.bfloat16]
 
 
 def test_bad_input_names_the_argument(monkeypatch):
