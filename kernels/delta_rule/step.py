@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_state, check_step_beta, check_step_qkv, default_scale
-from kernels.common.dispatch import resolve_step_backend
+from kernels.common.checks import step_dtype
+from kernels.common.step import check_step, linear_step
 from kernels.gated_delta_rule.step import gdn_update
 
 
@@ -25,15 +25,12 @@ def delta_rule_step(
     fp32 (fp64 for fp64 inputs). backend: see kernels.common.dispatch.resolve_step_backend.
     """
     op = "delta_rule_step"
-    B, H, K, V = check_step_qkv(op, q_t, k_t, v_t)
-    check_step_beta(op, beta_t, B, H)
-    check_state(op, "state", state, (B, H, K, V))
-    scale = default_scale(op, scale, K)
-    if resolve_step_backend(op, backend, [q_t, k_t, v_t, None, beta_t, state]) == "triton":
-        from kernels.common.triton.step import fused_step  # lazy: triton is optional
+    B, H, K, V, state, scale = check_step(op, q_t, k_t, v_t, state, scale, beta=True, beta_t=beta_t)
 
-        return fused_step(q_t, k_t, v_t, None, beta_t, state, scale)
-    dt = torch.float64 if q_t.dtype == torch.float64 else torch.float32
-    h = torch.zeros(B, H, K, V, dtype=dt, device=q_t.device) if state is None else state.to(dt)
-    o_t, h = gdn_update(q_t.to(dt) * scale, k_t.to(dt), v_t.to(dt), None, beta_t.to(dt), h)
-    return o_t.to(q_t.dtype), h
+    def torch_step() -> tuple[torch.Tensor, torch.Tensor]:
+        dt = step_dtype(q_t)
+        h = torch.zeros(B, H, K, V, dtype=dt, device=q_t.device) if state is None else state.to(dt)
+        o_t, h = gdn_update(q_t.to(dt) * scale, k_t.to(dt), v_t.to(dt), None, beta_t.to(dt), h)
+        return o_t.to(q_t.dtype), h
+
+    return linear_step(op, backend, torch_step, q_t, k_t, v_t, None, beta_t, state, scale)

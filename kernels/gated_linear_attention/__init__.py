@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_state, check_step_gate, check_step_qkv, default_scale
-from kernels.common.dispatch import resolve_step_backend
 from kernels.common.spec import dispatch
+from kernels.common.step import check_step, linear_step
 from kernels.gated_linear_attention.spec import SPEC
 from kernels.gated_linear_attention.step import gated_linear_attention_step_unchecked
 
@@ -61,15 +60,9 @@ def gated_linear_attention_step(
     (<= 0); state: [B, H, K, V] or None (zeros). Returns (o_t [B, H, V] in q_t's dtype,
     new state [B, H, K, V] fp32/fp64). backend: see kernels.common.dispatch.resolve_step_backend."""
     op = OP + "_step"
-    B, H, K, V = check_step_qkv(op, q_t, k_t, v_t)
-    check_step_gate(op, g_t, B, H, K)
-    check_state(op, "state", state, (B, H, K, V))
-    scale = default_scale(op, scale, K)
-    if resolve_step_backend(op, backend, [q_t, k_t, v_t, g_t, state]) == "triton":
-        from kernels.common.triton.step import fused_step  # lazy: triton is optional
-
-        return fused_step(q_t, k_t, v_t, g_t, None, state, scale)
-    return gated_linear_attention_step_unchecked(q_t, k_t, v_t, g_t, state, scale)
+    scale = check_step(op, q_t, k_t, v_t, state, scale, gate="scalar_or_vector", g_t=g_t).scale
+    return linear_step(op, backend, lambda: gated_linear_attention_step_unchecked(q_t, k_t, v_t, g_t, state, scale),
+                       q_t, k_t, v_t, g_t, None, state, scale)
 
 
 __all__ = ["gated_linear_attention", "gated_linear_attention_step"]

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_step_qkv, default_scale
+from kernels.common.step import check_step
 from kernels.linearized_softmax_gdn.state import LinGDNState, check_lin_state, is_empty
+
+
+def lin_state(op: str, state: LinGDNState | None, B: int, H: int, K: int, V: int) -> LinGDNState | None:
+    check_lin_state(op, "state", state, B, H, K, V)
+    return state
 
 
 def linearized_softmax_gdn_step(
@@ -23,9 +28,7 @@ def linearized_softmax_gdn_step(
     in q_t's dtype and the new LinGDNState (fp32 tensors, fp64 for fp64 inputs).
     """
     op = "linearized_softmax_gdn_step"
-    B, H, K, V = check_step_qkv(op, q_t, k_t, v_t)
-    check_lin_state(op, "state", state, B, H, K, V)
-    scale = default_scale(op, scale, K)
+    B, H, K, V, _, scale = check_step(op, q_t, k_t, v_t, state, scale, state_check=lin_state)
     dt = torch.float64 if q_t.dtype == torch.float64 else torch.float32
     k, v = k_t.to(dt), v_t.to(dt)
     if is_empty(state):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common.checks import check_step_beta, check_step_gate, check_step_qkv, default_scale
 from kernels.common.spec import dispatch
+from kernels.common.step import check_step
 from kernels.mesa.checks import check_lamb, check_mesa_state
 from kernels.mesa.spec import SPEC
 from kernels.mesa.state import MesaState
@@ -77,12 +77,13 @@ def mesa_step(
     MesaState (fp32; fp64 for fp64 inputs).
     """
     op = "mesa_step"
-    B, H, K, V = check_step_qkv(op, q_t, k_t, v_t)
-    check_step_gate(op, g_t, B, H)
-    check_step_beta(op, beta_t, B, H)
-    check_lamb(op, "lamb", lamb, H, K)
-    state = check_mesa_state(op, "state", state, B, H, K, V)
-    scale = default_scale(op, scale, K)
+
+    def lamb_then_state(op: str, state, B: int, H: int, K: int, V: int) -> MesaState | None:
+        check_lamb(op, "lamb", lamb, H, K)
+        return check_mesa_state(op, "state", state, B, H, K, V)
+
+    checked = check_step(op, q_t, k_t, v_t, state, scale, gate="scalar", g_t=g_t, beta=True, beta_t=beta_t,
+                         state_check=lamb_then_state)
     if cg_steps is not None and (not isinstance(cg_steps, int) or cg_steps < 0):
         raise ValueError(f"{op}: cg_steps must be None (exact solve) or an int >= 0, got {cg_steps!r}")
-    return mesa_step_compute(q_t, k_t, v_t, g_t, beta_t, lamb, state, scale, cg_steps)
+    return mesa_step_compute(q_t, k_t, v_t, g_t, beta_t, lamb, checked.state, checked.scale, cg_steps)
