@@ -15,18 +15,22 @@ there under each case's label.
 
 from __future__ import annotations
 
+import importlib
 from unittest import mock
 
 import pytest
 import torch
 
-import kernels.softmax_attention.flash as flash
 from kernels.common.dispatch import FLASH_BACKENDS, backend_status
 from kernels.softmax_attention import KVCache, softmax_attention
 from kernels.softmax_attention.spec import SPEC, auto_choice
 from tests.util import GPU_ONLY, ROW_TOL, TOL, record_gpu_errors, rel_err, row_err
 
 pytestmark = GPU_ONLY
+
+# kernels.softmax_attention is rebound to the op function by kernels/__init__.py, so the module
+# is fetched by its full name rather than by attribute.
+flash = importlib.import_module("kernels.softmax_attention.flash")
 
 ENTRIES = {"fa4": "softmax_attention_fa4", "fa3": "softmax_attention_fa3", "flash_attn": "softmax_attention_flash"}
 
