@@ -136,3 +136,39 @@ def test_fused_state_output_equals_two_kernels():
     assert none is None
     assert torch.equal(h, h2) and torch.equal(u, u2) and torch.equal(ht, ht2)
     assert rel_err(o, o2) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_wide_keys_narrow_values(compare, dtype):
+    """K = 256, V = 32, the tiles of the H200 case gdn_bf16_T1000_K256_V32
+    (tests/gpu/test_delta_gpu.py): the state passes hold a 256 x 32 block, dqkw and wy_bwd
+    loop over four 64-wide K-blocks (four dgam partials) and V fits one 32-wide block; the
+    launch choices are the GPU's, since none of them depends on the device at V = 32."""
+    tensors, h0 = make_inputs(1, 130, 1, 256, 32, dtype, seed=50)
+    compare(gated_delta_rule, tensors, h0, TOL[dtype])
+
+
+@pytest.mark.parametrize(
+    "B, T, H, K, V, tiles",
+    [(1, 130, 1, 256, 32, False), (2, 100, 2, 32, 32, True)],
+    ids=["K256_V32", "K32_V32_tiles16"],
+)
+def test_backward_stages(launch, B, T, H, K, V, tiles):
+    """Each kernel of the pipeline against its own formulas on the tensors it read
+    (tests/delta_stages.py): the same check tests/gpu/test_delta_stages_gpu.py runs on a GPU,
+    where it names the kernel that goes wrong. tiles: every tile cap 16 (several K- and
+    V-blocks in every loop)."""
+    from kernels.common.launch import settings
+    from tests.delta_stages import stage_errors
+    from tests.launch_util import small_tiles
+
+    if tiles:
+        launch(gated_delta_rule=small_tiles(settings("gated_delta_rule")))
+    tensors, h0 = make_inputs(B, T, H, K, V, torch.float32, seed=51)
+    gen = torch.Generator().manual_seed(52)
+    do = torch.randn(B, T, H, V, generator=gen)
+    dht = torch.randn(B, H, K, V, generator=gen)
+    errors = stage_errors(tensors["q"], tensors["k"], tensors["v"], tensors["g"], tensors["beta"], h0, do, dht,
+                          K**-0.5)
+    bad = {name: err for name, err in errors.items() if not err < TOL[torch.float32]}
+    assert not bad, f"kernel outputs over {TOL[torch.float32]:g}: {bad} (all: {errors})"
