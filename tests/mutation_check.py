@@ -33,6 +33,9 @@ TESTS = "tests/kernels/triton/test_multi_block.py"
 COVERAGE = {
     "kernels/common/triton/": "linear_attention or gated_linear_attention",
     "kernels/gated_linear_attention/": "gated_linear_attention",
+    # the chunk pipeline linear attention shares with GLA
+    **{f"kernels/gated_linear_attention/triton_{m}.py": "linear_attention or gated_linear_attention"
+       for m in ("states", "output", "grad_qk", "fused_forward", "segments")},
     "kernels/gated_delta_rule/": "delta_rules",
     "kernels/mesa/": "mesa",
     "kernels/common/triton/step.py": "decode_step",

@@ -91,7 +91,7 @@ class SequentialLaunch(TileLaunch):
 @dataclasses.dataclass(frozen=True)
 class FusedForwardLaunch(SequentialLaunch):
     """The linear/GLA forward's states and outputs in one sequential pass
-    (kernels/common/triton/fused_forward.py), used when enabled, K <= 128 and
+    (kernels/gated_linear_attention/triton_fused_forward.py), used when enabled, K <= 128 and
     B * H >= min_heads; below min_heads, segment_programs > 0 cuts each sequence into
     segments run in parallel until about that many programs run (0: the two-kernel
     forward there)."""
@@ -147,7 +147,7 @@ def _fused(**kw: Any) -> FusedForwardLaunch:
 @dataclasses.dataclass(frozen=True)
 class ChunkLaunch:
     """Launch settings of the chunk pipeline of linear_attention and gated_linear_attention
-    (kernels/common/triton, gated_linear_attention/triton_vector.py). The fused forward and
+    (kernels/gated_linear_attention/triton_*.py). The fused forward and
     the state passes have one entry per gate mode where their best settings differ."""
 
     # fused forward, ungated: 0.46 ms vs 0.68 for two kernels at B * H = 512 (T = 2048), but

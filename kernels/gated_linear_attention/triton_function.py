@@ -3,12 +3,12 @@ gated_linear_attention (linear attention is the ungated case of the same chunk p
 
 Forward:  gamma = chunk-local cumsum of g (log2 units)
           A     = vector-gate intra-chunk matrix          (triton_vector.py; vector gate only)
-          h     = states entering each chunk              (common/triton/states.py)
-          o     = (Q e^gamma) h + A V per chunk           (common/triton/output.py)
-          or h and o in one sequential pass               (common/triton/fused_forward.py, K <= 128)
+          h     = states entering each chunk              (triton_states.py)
+          o     = (Q e^gamma) h + A V per chunk           (triton_output.py)
+          or h and o in one sequential pass               (triton_fused_forward.py, K <= 128)
 Backward: dh    = gradients of the states leaving each chunk, dh0
           dv    = A^T dO + (K e^{gamma_C - gamma}) dh
-          dq, dk, dg: common/triton/grad_qk.py (none/scalar gate) or triton_vector.py
+          dq, dk, dg: triton_grad_qk.py (none/scalar gate) or triton_vector.py
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import torch
 
 from kernels.common.launch import launch_settings, note_launch
 from kernels.common.triton.cumsum import chunk_local_cumsum
-from kernels.common.triton.fused_forward import chunk_fwd_fused, fused_forward_applies
 from kernels.common.triton.gates import GATE_NONE, GATE_SCALAR, GATE_VECTOR, LOG2E
-from kernels.common.triton.grad_qk import chunk_bwd_dqk
-from kernels.common.triton.output import chunk_bwd_dv, chunk_fwd_output
-from kernels.common.triton.states import chunk_bwd_states, chunk_fwd_states
 from kernels.common.triton.utils import chunk_op
+from kernels.gated_linear_attention.triton_fused_forward import chunk_fwd_fused, fused_forward_applies
+from kernels.gated_linear_attention.triton_grad_qk import chunk_bwd_dqk
+from kernels.gated_linear_attention.triton_output import chunk_bwd_dv, chunk_fwd_output
+from kernels.gated_linear_attention.triton_states import chunk_bwd_states, chunk_fwd_states
 from kernels.gated_linear_attention.triton_vector import gla_bwd_dqkg, gla_intra_A
 
 

@@ -142,7 +142,7 @@ def test_fp32_vector_partial_blocks(gate_kind):
 @pytest.mark.parametrize("segments", [0, 1024], ids=["one_segment", "segmented"])
 @pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
 def test_bf16_fused_forward(monkeypatch, gate, segments):
-    """The fused forward (kernels/common/triton/fused_forward.py), which the benchmark shapes
+    """The fused forward (kernels/gated_linear_attention/triton_fused_forward.py), which the benchmark shapes
     use from B * H = 64 on, forced here at B * H = 2; "segmented" also cuts the sequence into
     segments run in parallel (segment_programs = 1024: 128 chunks into 128 segments here)."""
     from kernels.common.launch import launch_settings

@@ -81,7 +81,7 @@ def test_matches_reference(op, gates, T, with_state, dtype):
 @pytest.mark.parametrize("gates", ["strong", "reset"])
 @pytest.mark.parametrize("op", ["gla_scalar", "gla_vector"])
 def test_fused_forward(op, gates, dtype):
-    """The linear / GLA forward in one sequential pass (fused_forward.py), which the GPU runs
+    """The linear / GLA forward in one sequential pass (triton_fused_forward.py), which the GPU runs
     from its launch settings' min_heads sequences of heads on, forced at B * H = 4."""
     from kernels.common.launch import launch_settings
     from tests.launch_util import CHUNK_OPS, each, fused_forward_changes

@@ -9,10 +9,6 @@ use exp2): gamma = chunk_local_cumsum(g, BT, scale=LOG2E).
     utils.py     buffers (NaN-poisoned on request), tile widths, dot precision, chunk sizes,
                  the sequential passes' V-block narrowing
     cumsum.py    chunk-local (reverse) cumulative sum of log-gates, scalar or vector
-    states.py    state passing across chunks: forward (h per chunk) and backward (dh per chunk)
-    output.py    o = (Q e^gamma) S + A V per chunk, and dv = A^T dO + (K e^(gamma_C-gamma)) dS'
-    grad_qk.py   dq, dk (and the per-token gate gradient) for ungated / scalar-gated chunks
-    fused_forward.py  states and outputs in one sequential pass (many heads, K <= 128)
     step.py      fused one-token decode step (linear, GLA, delta rule, gated delta rule)
     solve.py     the chunk's triangular solve (delta rules)
 

@@ -250,11 +250,11 @@ def test_two_kernel_forward_matches_reference(compare, launch, gate):
 def test_fused_forward_equals_two_kernels(gate):
     """Same states (bit for bit) and outputs (up to summation order) as the two kernels."""
     from kernels.common.triton.cumsum import chunk_local_cumsum
-    from kernels.common.triton.fused_forward import chunk_fwd_fused
     from kernels.common.triton.gates import LOG2E
-    from kernels.common.triton.output import chunk_fwd_output
-    from kernels.common.triton.states import chunk_fwd_states
     from kernels.gated_linear_attention.triton_function import gate_mode
+    from kernels.gated_linear_attention.triton_fused_forward import chunk_fwd_fused
+    from kernels.gated_linear_attention.triton_output import chunk_fwd_output
+    from kernels.gated_linear_attention.triton_states import chunk_fwd_states
     from kernels.gated_linear_attention.triton_vector import gla_intra_A
     from tests.util import rel_err
 
@@ -278,7 +278,7 @@ def test_segmented_fused_forward_matches_reference(compare, monkeypatch, launch,
     """The fused forward cut into segments run in parallel (segments.py), from an initial
     state, with the final state and every gradient: T = 300 is 5 chunks, cut into 3 segments
     (2 + 2 + 1 chunks) or into 5."""
-    from kernels.common.triton import fused_forward
+    from kernels.gated_linear_attention import triton_fused_forward as fused_forward
     from kernels.linear_attention import linear_attention
 
     # segments run below min_heads only (conftest lowers it to 1)
@@ -294,7 +294,7 @@ def test_segmented_fused_forward_matches_reference(compare, monkeypatch, launch,
 
 
 def test_segments_split_the_chunks():
-    from kernels.common.triton.fused_forward import chunks_per_segment
+    from kernels.gated_linear_attention.triton_fused_forward import chunks_per_segment
 
     assert chunks_per_segment(5, 2, 6) == 2  # 3 segments: 2 + 2 + 1 chunks
     assert chunks_per_segment(5, 2, 10**6) == 1
@@ -307,7 +307,7 @@ def test_segments_split_the_chunks():
 def test_segments_only_below_min_heads(launch):
     """Segments replace the two-kernel forward only where the one-pass forward has too few
     sequences (B * H < min_heads); from min_heads on, one segment per sequence."""
-    from kernels.common.triton.fused_forward import segment_target
+    from kernels.gated_linear_attention.triton_fused_forward import segment_target
 
     launch(linear_attention={"fwd_fused": {"min_heads": 64, "segment_programs": 1056}})
     assert segment_target(32, 0) == 1056 and segment_target(64, 0) == 0
@@ -320,7 +320,7 @@ def test_inference_forward_keeps_no_states(monkeypatch, gate):
     """Without a gradient to compute (torch.no_grad, or no input requiring one) the fused
     forward writes no per-chunk states (ChunkOptions.store_states=False); outputs and the
     final state are the same bit for bit."""
-    from kernels.common.triton import fused_forward
+    from kernels.gated_linear_attention import triton_fused_forward as fused_forward
     from kernels.linear_attention import linear_attention
 
     tensors, h0 = make_inputs(1, 150, 2, 16, 16, torch.float32, gate == "vector", seed=23)

@@ -132,8 +132,8 @@ def test_gated_linear_attention_vector_gate_reference_rows_per_block(compare):
 
 def test_the_shapes_really_span_blocks_and_segments(launch):
     from kernels.common.launch import settings
-    from kernels.common.triton.fused_forward import chunks_per_segment, segment_target
     from kernels.common.triton.utils import block_size
+    from kernels.gated_linear_attention.triton_fused_forward import chunks_per_segment, segment_target
 
     assert K > 2 * block_size(K, settings("linear_attention").bwd_dqk.BK) and K % 16 and V % 16 and T % CHUNK
     _forward(launch, "segmented")

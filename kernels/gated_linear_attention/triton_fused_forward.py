@@ -1,6 +1,6 @@
 """The forward pass in one sequential kernel: state passing and output together.
 
-The two-kernel forward (states.py then output.py) writes every chunk's entering state S_n
+The two-kernel forward (triton_states.py then triton_output.py) writes every chunk's entering state S_n
 to memory and reads it back for the output, and reads q, k, v twice. Here each program
 owns one V-block of one head, keeps its [K, BV] state in fp32 registers and walks the
 chunks in order; per chunk it
@@ -14,11 +14,11 @@ V-block and fewer programs (B * H * V-blocks): with few sequences the chunks of 
 program run one after another. ChunkLaunch.fwd_fused (and its _scalar / _vector
 fields, kernels/common/launch.py) say when it is used: from min_heads sequences (B * H) on. Below that, with
 "segment_programs" > 0, each sequence is cut into segments of chunks that run in parallel,
-each from its entering state (segments.py: two cheap passes first), until about that many
+each from its entering state (triton_segments.py: two cheap passes first), until about that many
 programs run; with 0 the two-kernel forward runs instead.
 
 The whole K must fit one tile (K <= 128 here); a vector gate brings its intra-chunk
-matrix A precomputed (kernels/gated_linear_attention/triton_vector.py), as in output.py.
+matrix A precomputed (triton_vector.py), as in triton_output.py.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import triton.language as tl
 
 from kernels.common.launch import FusedForwardLaunch
 from kernels.common.triton.gates import GATE_VECTOR
-from kernels.common.triton.segments import segment_entry_states
-from kernels.common.triton.states import _decay_rows
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, chunk_launch, dot_precision, new_buffer, sequential_blocks, warps
+from kernels.gated_linear_attention.triton_segments import segment_entry_states
+from kernels.gated_linear_attention.triton_states import _decay_rows
 
 MAX_K = 128  # the state tile is [K, BV] in registers
 

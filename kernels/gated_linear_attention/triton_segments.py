@@ -9,8 +9,8 @@ A segment is CPS consecutive chunks. Two passes:
      without a gate). Fully parallel.
   2. segment_carry: C_0 = h0 (or 0) and C_{s+1} = D_s ⊙ C_s + L_s, one program per (V-block,
      head) walking the S segments: the states entering the segments (fp32).
-The fused forward (fused_forward.py) then starts segment s from C_s. The maths is the state
-recursion of states.py regrouped; only the order of fp32 additions differs.
+The fused forward (triton_fused_forward.py) then starts segment s from C_s. The maths is the state
+recursion of triton_states.py regrouped; only the order of fp32 additions differs.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 from kernels.common.triton.gates import GATE_NONE
-from kernels.common.triton.states import _decay_rows
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import new_buffer, warps
+from kernels.gated_linear_attention.triton_states import _decay_rows
 
 
 @triton.jit
