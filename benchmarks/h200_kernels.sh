@@ -11,6 +11,12 @@
 # configs/kernels-launch.yaml times launch-setting variants); SWEEP_S: seconds for each.
 # MIXERS: only these mixers of the sweeps (comma-separated; empty: all).
 # TESTS / TESTS_S: GPU test files run first, and their limit (0: none; the default).
+# AB_S (0: off): first, for AB_S seconds at most, the before/after timing of the Triton kernels
+# of tree AB_BEFORE (default .abtree, an exported kernels/ with a COMMIT file) against this one's,
+# through the public ops (benchmarks/ab_public_ops.py): both trees' first calls (cold compile) in
+# parallel, then AB_ROUNDS rounds of before, after; lines in $OUT/ab_public_ops.jsonl, medians
+# and ratios in $OUT/ab_summary.json.
+# FA4: with .fa4b carried (benchmarks/fa4_carry.sh), FlashAttention-4 is installed first.
 # FLA_WARM_S (0: off): first compile FLA's autotuned chunk_gla kernels in FLA_WARM_PROCS
 # parallel processes (benchmarks/fla_warm_compile.py) into the Triton cache .triton_cache/,
 # which a warm machine keeps between calls, so the sweep's FLA columns find them compiled.
@@ -23,6 +29,22 @@ export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1
 # earlier records carried in (results/runs/kernels) count as done
 [ -d results/runs/kernels ] && mkdir -p "$OUT/results/runs" && cp -r results/runs/kernels "$OUT/results/runs/"
 
+if [ -d .fa4b ]; then source benchmarks/fa4_carry.sh install >"$OUT/fa4.log" 2>&1; tail -n 3 "$OUT/fa4.log"; fi
+if [ "${AB_S:-0}" -gt 0 ]; then
+    ab_end=$(( $(date +%s) + AB_S ))
+    F=$OUT/ab_public_ops.jsonl
+    ab() { local left=$(( ab_end - $(date +%s) )); [ "$left" -gt 0 ] || return 1
+           timeout -s INT "$left" python3 benchmarks/ab_public_ops.py --out "$F" "$@"; }
+    ab --tree "${AB_BEFORE:-.abtree}" --label before --warm-only >"$OUT/ab_warm_before.log" 2>&1 &
+    ab --tree . --label after --warm-only >"$OUT/ab_warm_after.log" 2>&1 &
+    wait
+    for r in $(seq 1 "${AB_ROUNDS:-3}"); do
+        ab --tree "${AB_BEFORE:-.abtree}" --label before --round "$r" >/dev/null 2>>"$OUT/ab_err.log"
+        ab --tree . --label after --round "$r" >/dev/null 2>>"$OUT/ab_err.log"
+    done
+    python3 benchmarks/ab_public_ops.py --out "$F" --summarize before after >"$OUT/ab_summary.json"
+    grep -E '"(op|T|phase|ratio)"' "$OUT/ab_summary.json" | paste - - - - | head -n 30
+fi
 if [ "${TESTS_S:-0}" -gt 0 ]; then
     # shellcheck disable=SC2086
     timeout -s INT "${TESTS_S}" python3 -m pytest -q -s -p no:cacheprovider ${TESTS:-tests/gpu} 2>&1 \
