@@ -198,6 +198,12 @@ class StatePassLaunch(KernelLaunch):
         super().__post_init__()
         _check_pow2(self, "BV")
 
+    def stages_for(self, BK: int, element_size: int) -> int:
+        """num_stages of a pass whose K-block is BK wide over elements of element_size bytes:
+        one stage from 1 KB rows on (fp32 at K = 256), where two stages of its [chunk, BK]
+        tiles ask for more shared memory than a Hopper SM has (state_bwd: 336 of 227 KB)."""
+        return 1 if BK * element_size >= 1024 else self.num_stages
+
 
 @dataclasses.dataclass(frozen=True)
 class FusedStateLaunch(StatePassLaunch):
@@ -220,6 +226,25 @@ class NarrowingLaunch:
 
 
 @dataclasses.dataclass(frozen=True)
+class NarrowVLaunch(TileLaunch):
+    """A delta-rule tile kernel whose warps drop to narrow_num_warps where its V-block is under
+    64 columns. On the H200 (Triton 3.6) 4 warps at V-blocks of 16 and 32 miscompile: wy_bwd's
+    dv and dbeta (rel. err. 0.9; dk and dg through them) in bf16 and fp32, and output_fwd's o
+    and du_local's dU at K = 128 (tests/gpu/test_delta_stages_gpu.py); wy_bwd is right with 2
+    warps, and every kernel is right with 4 at V-blocks of 64 and 128."""
+
+    narrow_num_warps: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_pow2(self, "narrow_num_warps", (1, 2, 4, 8, 16, 32))
+
+    def warps_for(self, BV: int) -> int:
+        """num_warps of a launch whose V-block is BV wide."""
+        return self.narrow_num_warps if BV < 64 else self.num_warps
+
+
+@dataclasses.dataclass(frozen=True)
 class DeltaLaunch:
     """Launch settings of the delta_rule / gated_delta_rule kernels (kernels/gated_delta_rule).
     num_warps 8 is avoided on Hopper (miscompiles seen with Triton 3.4 to 3.7) and measured
@@ -230,11 +255,11 @@ class DeltaLaunch:
     state_fwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=2)
     # off until timed on a GPU (the linear-attention analogue wins at B * H >= 64)
     fused_fwd: FusedStateLaunch = FusedStateLaunch(enabled=False, min_heads=64, BV=64, num_warps=4, num_stages=2)
-    output_fwd: TileLaunch = TileLaunch(BK=128, BV=128, num_warps=4, num_stages=2)
-    du_local: TileLaunch = TileLaunch(BK=128, BV=128, num_warps=4, num_stages=2)
+    output_fwd: NarrowVLaunch = NarrowVLaunch(BK=128, BV=128, num_warps=4, num_stages=2, narrow_num_warps=2)
+    du_local: NarrowVLaunch = NarrowVLaunch(BK=128, BV=128, num_warps=4, num_stages=2, narrow_num_warps=2)
     state_bwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=2)
     dqkw: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
-    wy_bwd: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=1)
+    wy_bwd: NarrowVLaunch = NarrowVLaunch(BK=64, BV=64, num_warps=4, num_stages=1, narrow_num_warps=2)
     seq: NarrowingLaunch = NarrowingLaunch(min_BV=32, min_waves=2)
 
 

@@ -128,6 +128,7 @@ def wy_bwd(
     V = v.shape[-1]
     dev = k.device
     cfg = delta_launch(gam is not None).wy_bwd
+    BV = block_size(V, cfg.BV)
     dk = new_buffer((B, T, H, K), k.dtype, dev)
     dv = new_buffer((B, T, H, V), v.dtype, dev)
     dbeta = new_buffer((B, T, H), beta.dtype, dev)
@@ -136,7 +137,7 @@ def wy_bwd(
         k, v, beta, gam if gam is not None else k, tm, dw, du, dk_part,
         dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k,
         T, B * T * H, dgam_part.shape[0] if dgam_part is not None else 0,
-        H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg.BK), BV=block_size(V, cfg.BV), USE_G=gam is not None,
-        PREC=dot_precision(k.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
+        PREC=dot_precision(k.dtype), num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return dk, dv, dbeta, dg

@@ -1,15 +1,16 @@
 """The gated delta rule's Triton kernels one at a time on a CUDA GPU (tests/delta_stages.py).
 
-The H200 case gdn_bf16_T1000_K256_V32 of test_delta_gpu.py gets o, the final state, dq and
-dh0 right and dv, dbeta (rel_err ~0.95), dk (0.13) and dg (0.07) wrong. The same shape,
-with the same tiles, is right under the CPU interpreter in fp32 and fp16
-(tests/kernels/triton/test_delta_triton.py::test_wide_keys_narrow_values), so the fault is
-in what only a GPU does: the compiled code of a kernel at these tiles in bf16, or programs
-running at once. Here each kernel's outputs are held against its formulas evaluated in fp64
-on the tensors it read, so a failing item names the kernel (wy_fwd's tm, state_bwd's du,
-wy_bwd's dv ...) rather than every gradient downstream of it. The neighbouring shapes say
-which dimension matters (K = 256 alone, V = 32 alone, both), fp32 whether bf16 does, and
-the launch variants of the failing shape which setting avoids it.
+Each kernel's outputs are held against its formulas evaluated in fp64 on the tensors it read,
+so a failing item names the kernel (wy_fwd's tm, state_bwd's du, wy_bwd's dv ...) rather than
+every gradient downstream of it. The shapes are test_delta_gpu.py's K = 256, V = 32 case and
+its neighbours (K 128/192, V 64/128, fp32), with launch variants of that case.
+
+On the H200 (Triton 3.6) wy_bwd launched with 4 warps at V-blocks under 64 gives wrong dv and
+dbeta (rel_err ~0.9; dk and dg through them) in bf16 and fp32, and right ones with 2 warps;
+output_fwd's o and du_local's dU are wrong the same way at K = 128, V = 32. The same shapes
+are right under the CPU interpreter. NarrowVLaunch.narrow_num_warps launches 2 warps there;
+the narrow4 cases launch 4 and are expected failures while Triton miscompiles them. fp32 at
+K = 256 overflowed shared memory in state_bwd (StatePassLaunch.stages_for: one stage there).
 
 Skipped without CUDA and under TRITON_INTERPRET (run tests/gpu in a session of its own).
 """
@@ -29,6 +30,7 @@ pytestmark = GPU_ONLY
 pytest.importorskip("triton")
 
 GDN = "gated_delta_rule"
+NARROW4 = {name: {"narrow_num_warps": 4} for name in ("output_fwd", "du_local", "wy_bwd")}
 # name: (B, T, H, K, V, dtype, launch_settings changes of gated_delta_rule)
 CASES = {
     "bf16_K256_V32": (1, 1000, 2, 256, 32, torch.bfloat16, {}),
@@ -40,8 +42,9 @@ CASES = {
     "bf16_K256_V32_state_bwd_1stage": (1, 1000, 2, 256, 32, torch.bfloat16, {"state_bwd": {"num_stages": 1}}),
     "bf16_K256_V32_bwd_BV16": (1, 1000, 2, 256, 32, torch.bfloat16,
                                {"dqkw": {"BV": 16}, "wy_bwd": {"BV": 16}, "du_local": {"BV": 16}}),
-    "bf16_K256_V32_wy_bwd_2warps": (1, 1000, 2, 256, 32, torch.bfloat16, {"wy_bwd": {"num_warps": 2}}),
-    "bf16_K256_V32_fp32_solve": (1, 1000, 2, 256, 32, torch.bfloat16, {"wy_fwd": {"tf32_solve": False}}),
+    # 4 warps at V-blocks under 64: the miscompiles the defaults' narrow_num_warps avoid
+    "bf16_K256_V32_narrow4": (1, 1000, 2, 256, 32, torch.bfloat16, NARROW4),
+    "bf16_K128_V32_narrow4": (1, 1000, 2, 128, 32, torch.bfloat16, NARROW4),
 }
 
 
@@ -70,9 +73,18 @@ def errors_of(case: str) -> dict:
     return errors
 
 
+# Triton 3.6 on the H200 gives wrong dv and dbeta with these settings (run 2026-12-02); a
+# Triton that compiles them right passes.
+MISCOMPILED = {"bf16_K256_V32_narrow4": ("dk", "dv", "dbeta", "dg"),
+               "bf16_K128_V32_narrow4": ("o", "du_local", "dk", "dv", "dbeta", "dg")}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("output", OUTPUTS)
-def test_kernel_output(case, output):
+def test_kernel_output(case, output, request):
+    if output in MISCOMPILED.get(case, ()):
+        request.applymarker(pytest.mark.xfail(reason=f"{case}: the Hopper miscompile of wy_bwd that "
+                                              "kernels/common/launch.py's WyBwdLaunch avoids", strict=False))
     errors = errors_of(case)
     dtype = CASES[case][5]
     assert errors[output] < TOL[dtype], f"{case} {output}: {errors[output]:.3e} >= {TOL[dtype]} (all: {errors})"

@@ -3,6 +3,9 @@ backward under the same ones wherever it runs, and a recording notes them."""
 
 from __future__ import annotations
 
+import importlib
+
+import pytest
 import torch
 
 from kernels import gated_delta_rule, gated_linear_attention
@@ -48,3 +51,52 @@ def test_gla_backward_runs_under_the_forwards_settings(monkeypatch):
             o, _ = gated_linear_attention(q, k, v, g, backend="triton")
         o.sum().backward()
     assert seen == [16] and used["gated_linear_attention"]["bwd_dqk"]["BK"] == 16
+
+
+class _LaunchSpy:
+    """Stands in for a jitted kernel: notes (BV, the num_warps asked of utils.warps) of each
+    launch, then launches. Under the interpreter warps() turns every request into 1 warp, so
+    the request is read where it is made (the module's warps, patched to note it)."""
+
+    def __init__(self, kernel, asked: list[int], seen: list[tuple[int, int]]):
+        self.kernel, self.asked, self.seen = kernel, asked, seen
+
+    def __getitem__(self, grid):
+        def launch_kernel(*args, **kwargs):
+            self.seen.append((kwargs["BV"], self.asked[-1]))
+            return self.kernel[grid](*args, **kwargs)
+        return launch_kernel
+
+
+@pytest.mark.parametrize("module, kernel", [("triton_wy_bwd", "wy_bwd"), ("triton_bwd", "du_local"),
+                                            ("triton_fwd", "output_fwd")])
+def test_narrow_value_blocks_take_narrow_warps(monkeypatch, module, kernel):
+    """output_fwd, du_local and wy_bwd launch with narrow_num_warps (2) where their V-block is
+    under 64 columns, the shapes where 4 warps miscompile on the H200, and with num_warps (4)
+    from 64 on; a launch_settings change of narrow_num_warps reaches the launch."""
+    mod = importlib.import_module(f"kernels.gated_delta_rule.{module}")
+    asked, seen = [], []
+    warps = mod.warps
+    monkeypatch.setattr(mod, "warps", lambda n: asked.append(n) or warps(n))
+    monkeypatch.setattr(mod, f"{kernel}_kernel", _LaunchSpy(getattr(mod, f"{kernel}_kernel"), asked, seen))
+    for V, bv, expected in ((16, 16, 2), (32, 32, 2), (64, 64, 4), (100, 64, 4)):
+        seen.clear()
+        q, k, v, g, beta = _gdn_inputs(T=40, V=V)
+        o, _ = gated_delta_rule(q, k, v, g, beta, backend="triton")
+        o.sum().backward()
+        assert len(seen) == 1 and seen[0][0] >= bv and seen[0][1] == expected, (V, seen)
+    seen.clear()
+    with launch.launch_settings(gated_delta_rule={kernel: {"narrow_num_warps": 1}}):
+        q, k, v, g, beta = _gdn_inputs(T=40, V=32)
+        gated_delta_rule(q, k, v, g, beta, backend="triton")[0].sum().backward()
+    assert seen == [(32, 1)]
+
+
+def test_state_passes_take_one_stage_for_1kb_rows():
+    """The state passes drop to one pipeline stage where a row of their K-block is 1 KB or more
+    (fp32 at K = 256: two stages overflow a Hopper SM's shared memory), else keep num_stages."""
+    cfg = launch.settings("gated_delta_rule")
+    for pass_ in (cfg.state_fwd, cfg.state_bwd):
+        assert pass_.num_stages == 2
+        assert pass_.stages_for(256, 4) == 1
+        assert pass_.stages_for(256, 2) == 2 and pass_.stages_for(128, 4) == 2
