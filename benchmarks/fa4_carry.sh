@@ -37,9 +37,11 @@ install)
     if [ ! -f /tmp/fa4/fa4_pack.part-aa ]; then
         echo "FA4: the first part (.fa4a) is not on this machine; FA4 not installed"
     else
-        cat /tmp/fa4/fa4_pack.part-aa .fa4b/fa4_pack.part-* | xz -d | tar xf - -C "$SITE" \
-            && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        # The small wheels first: pip --target --upgrade replaces whole top-level folders, and
+        # nvidia_cutlass_dsl/ is shared with the cu13 files unpacked after it.
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
                 --target "$SITE" .fa4b/*.whl \
+            && cat /tmp/fa4/fa4_pack.part-aa .fa4b/fa4_pack.part-* | xz -d | tar xf - -C "$SITE" \
             && export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-.}" \
             && python3 -c "import flash_attn.cute; print('FA4: flash_attn.cute from', flash_attn.cute.__file__)"
     fi
