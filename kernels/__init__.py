@@ -2,7 +2,8 @@
 
 Layout: q, k: [B, T, H, K]; v: [B, T, H, V]; gates g in log space ([B, T, H] or
 [B, T, H, K]); beta: [B, T, H] in (0, 1]. Every op returns (o, final_state) and takes
-backend="auto" | "reference" | "torch" | "triton" ("flash_attn" for softmax).
+backend="auto" | "reference" | "torch" | "triton" (softmax: "torch", i.e. SDPA, or the
+FlashAttention backends "fa4", "fa3", "flash_attn").
 Each op has a one-token `<op>_step` for decoding.
 
 Each op lives in the folder of its name, with its OpSpec in spec.py (kernels.common.spec) and

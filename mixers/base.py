@@ -40,7 +40,7 @@ class MixerConfig(BaseModel):
     expand_v: float = Field(1.0, gt=0, description="value width per head / head_dim (Gated DeltaNet's expand_v)")
     short_conv: bool = Field(True, description="causal depthwise convolution on q, k, v")
     conv_size: int = Field(4, ge=1, le=16, description="short convolution width")
-    backend: str = Field("auto", description="op backend: auto, reference, torch, triton (softmax: flash_attn)")
+    backend: str = Field("auto", description="op backend: auto, reference, torch, triton (softmax: torch, fa4, fa3, flash_attn)")
     chunk_size: int = Field(64, ge=16, description="chunk length of the chunkwise forms")
     output_gate: bool | None = Field(
         None, description="SiLU gate (from x) on the op's output; null: the mixer's own default")

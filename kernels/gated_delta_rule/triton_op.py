@@ -11,8 +11,8 @@ Why store the per-chunk states instead of recomputing them in the backward (as
 flash-linear-attention does): recomputation re-runs W/U0 and the sequential state pass (two
 launches, one sequential over chunks, ~25% of a forward), while storing costs
 NT * K * V values per head, i.e. 2 * K * V / 64 bytes per token and head in 16-bit (512 B at
-K = V = 128, twice the size of q). The benchmark (benchmarks/bench_delta.py) records the
-peak memory next to the times.
+K = V = 128, twice the size of q). The memory task (`harness run --task memory`) measures
+what the stored states cost a mixer's training step.
 
 Keys need not be unit norm: the transition I - beta k k^T is a contraction, and the
 chunk's (I + A)^{-1} well conditioned, while beta ||k||^2 <= 2.
