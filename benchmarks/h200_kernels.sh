@@ -2,8 +2,9 @@
 # Kernel timings on one H200 in one device call, as ordinary run records of the kernels task
 # (tasks/kernels.py, the one timer of tasks/common/timing.py): the sweep files below, each
 # under its own time limit. A sweep resumes from the records it finds, so a cut call loses
-# only the run in flight; the records land in $OUT/results/runs/kernels/ (copy them into
-# results/ for harness compare, the leaderboard and the dashboard).
+# only the run in flight; the records come back in $OUT/results.tgz (results/runs/kernels/;
+# copy them into results/ for harness compare, the leaderboard and the dashboard), the logs
+# and the A/B lines in $OUT/logs.tgz.
 #
 #   bash benchmarks/h200_kernels.sh            # with carry=[".whl"]
 #
@@ -59,3 +60,8 @@ for sweep in ${SWEEPS:-configs/kernels-gpu.yaml}; do
         ${MIXERS:+--mixer "$MIXERS"} 2>&1 | tail -n 40 | tee "$OUT/$(basename "$sweep" .yaml).log"
 done
 ls -laR "$OUT/results/runs" 2>/dev/null | tail -n 30
+# A call brings back at most 8 files: the records and the logs go back as one archive each.
+tar czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results"
+logs=$(cd "$OUT" && ls ./*.log ./*.jsonl 2>/dev/null)
+[ -n "$logs" ] && tar czf "$OUT/logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
+ls -la "$OUT"

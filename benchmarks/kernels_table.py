@@ -1,0 +1,83 @@
+"""Markdown table of the kernels task's records: per op (and gate variant), our Triton time over
+FLA's at each sequence length, forward and forward+backward, for one head shape.
+
+    python -m benchmarks.kernels_table [--results results] [--device cuda] [--heads 16x128]
+
+A cell is `ratio (ours ms)` where FLA ran beside ours in the same record, `ours ms` where it did
+not (the last column says why: FLA missing, or refusing a backward on this Triton), "·" where
+the record has no such point. When an op has several records, the newest counts; the table's
+header names the records' devices, commits and versions."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.records import RunRecord, device_type_of, load_records
+
+OURS = "triton"
+
+
+def _points(record: RunRecord, heads: tuple[int, int]) -> dict[tuple[int, str, str], dict]:
+    """(T, phase, backend) -> point of one record, for the head shape `heads` (H, K)."""
+    out = {}
+    for p in record.details.get("points", []):
+        if (p["H"], p["K"]) == heads:
+            out[(p["T"], p["phase"], p["backend"])] = p
+    return out
+
+
+def _cell(points: dict, T: int, phase: str) -> str:
+    ours = points.get((T, phase, OURS))
+    if ours is None or ours["status"] != "ok":
+        return "·" if ours is None else f"ours {ours['status']}"
+    fla = points.get((T, phase, "fla"))
+    if fla is not None and fla["status"] == "ok":
+        return f"{ours['ms'] / fla['ms']:.2f} ({ours['ms']:.2f} ms)"
+    return f"{ours['ms']:.2f} ms" + ("" if fla is None else f" (FLA {fla['status']})")
+
+
+def table(results: Path, device: str, heads: tuple[int, int]) -> str:
+    newest: dict[tuple[str, str], RunRecord] = {}
+    for _, rec in load_records(results):
+        if rec.task != "kernels" or rec.status != "ok" or device_type_of(rec.device) != device:
+            continue
+        key = (rec.details["op"], rec.details.get("variant") or "default")
+        if key not in newest or rec.finished > newest[key].finished:
+            newest[key] = rec
+    if not newest:
+        return f"no ok kernels records for device {device} under {results / 'runs'}"
+    lengths = sorted({T for r in newest.values() for (T, _, _) in _points(r, heads)})
+    head = " / ".join(f"T={T // 1024}k" if T >= 1024 else f"T={T}" for T in lengths)
+    lines = [f"| op | fwd {head} | fwd+bwd {head} | FLA |", "|---|---|---|---|"]
+    for (op, variant), rec in sorted(newest.items()):
+        pts = _points(rec, heads)
+        why = rec.details.get("backends", {}).get("fla", "not asked")
+        cells = [" / ".join(_cell(pts, T, phase) for T in lengths) for phase in ("fwd", "fwdbwd")]
+        name = op if variant == "default" else f"{op} ({variant})"
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {'same process' if why == 'ok' else why} |")
+    devices = sorted({r.device for r in newest.values()})
+    commits = sorted({r.git_commit[:7] for r in newest.values()})
+    versions = sorted({", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())
+                                 if k in ("torch", "triton", "fla") and v) for r in newest.values()})
+    lines.append("")
+    lines.append(f"H = {heads[0]}, K = V = {heads[1]}; ours / FLA time; {'; '.join(devices)}; "
+                 f"commits {', '.join(commits)}; {'; '.join(versions)}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", type=Path, default=Path("results"))
+    p.add_argument("--device", default="cuda", help="device type of the records (cuda or cpu)")
+    p.add_argument("--heads", default="16x128", help="head shape HxK of the points to show")
+    args = p.parse_args()
+    try:
+        H, K = (int(x) for x in args.heads.lower().split("x"))
+    except ValueError:
+        p.error(f"--heads takes HxK, e.g. 16x128 or 32x64; got {args.heads!r}")
+    print(table(args.results, args.device, (H, K)))
+
+
+if __name__ == "__main__":
+    main()
