@@ -80,3 +80,14 @@ def test_two_workers_records_reach_the_file(tmp_path):
     bounded = {(test.split("::")[1], metric, bound) for test, metric, _, bound, _ in rows if bound is not None}
     assert bounded == {("test_row_err_of_a_garbage_chunk", "rel_err", 0.1),
                        ("test_row_err_sees_one_bad_token_that_rel_err_averages_away", "rel_err", 1e-2)}
+
+
+def test_rounding_verdict_tells_rounding_from_a_fault():
+    """A bf16 worst row counts as rounding only when its fp16 twin passes fp16's TOL and
+    shrinks the row at least ROUNDING_SHRINK-fold; an error that stays put is a fault."""
+    from tests.util import ROUNDING_SHRINK, rounding_verdict
+
+    assert rounding_verdict(0.046, 4e-4, 0.046 / 8) is None  # 8x smaller: rounding
+    assert rounding_verdict(0.046, 4e-4, 0.046 / ROUNDING_SHRINK) is None  # the edge passes
+    assert "does not scale" in rounding_verdict(0.046, 4e-4, 0.046 / 2)
+    assert "fails TOL" in rounding_verdict(0.95, 0.9, 0.95)  # a wrong kernel, wrong in both

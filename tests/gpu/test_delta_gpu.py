@@ -6,8 +6,9 @@ per-token loop is too slow at these lengths); the linearized form against its pe
 recurrence (docs/design.md §7) in fp64. The ops run through their public functions with
 backend="triton", and each case asserts that the Triton entry point ran. Each output and
 each gradient (q, k, v, beta, g, initial state) is its own test item, so a failure names the
-gradient, held to TOL (whole tensor) and ROW_TOL (worst row, tests/util.py); all buffers the
-kernels write start as NaN.
+gradient, held to TOL (whole tensor) and ROW_TOL (worst row, tests/util.py); a bf16 worst row
+over ROW_TOL passes only when the same case with fp16 inputs shrinks it as rounding does
+(tests/util.py rounding_verdict). All buffers the kernels write start as NaN.
 
 Skipped without CUDA, and in a session where TRITON_INTERPRET is set (run tests/gpu in a
 pytest session of its own). Errors are printed (-s) and, when GPU_ERRORS_JSON names a file,
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.gpu.backends import triton_ran
-from tests.util import GPU_ONLY, ROW_TOL, TOL, record_gpu_errors, rel_err, row_err
+from tests.util import GPU_ONLY, ROW_TOL, TOL, record_gpu_errors, rel_err, rounding_verdict, row_err
 
 pytestmark = GPU_ONLY
 
@@ -58,14 +59,16 @@ def make_inputs(B, T, H, K, V, dtype, gate, seed=0):
 
 
 @functools.lru_cache(maxsize=None)
-def errors_of(case: str) -> dict:
-    """Errors of every output and gradient of one case against the fp64 chunked form:
-    rel_err under each quantity's name, row_err under "<name> (worst row)"."""
+def errors_of(case: str, dtype: torch.dtype | None = None) -> dict:
+    """Errors of every output and gradient of one case (in `dtype` where given, its twin in
+    that dtype) against the fp64 chunked form: rel_err under each quantity's name, row_err
+    under "<name> (worst row)"."""
     from kernels import delta_rule, gated_delta_rule
     from kernels.common.triton import utils
     from kernels.gated_delta_rule.chunked import chunk_gated_delta_rule
 
-    name, B, T, H, K, V, dtype, gate = CASES[case]
+    name, B, T, H, K, V, case_dtype, gate = CASES[case]
+    dtype = dtype or case_dtype
     op, op_name = (gated_delta_rule, "gated_delta_rule") if name == "gdn" else (delta_rule, "delta_rule")
     tensors, h0 = make_inputs(B, T, H, K, V, dtype, gate)
     leaves = dict(tensors, initial_state=h0)
@@ -88,7 +91,7 @@ def errors_of(case: str) -> dict:
     pairs = {"o": (o, o_ref), "final_state": (ht, ht_ref)}
     pairs.update({"d" + n: (grad, grad_ref) for n, grad, grad_ref in zip(ours, grads, grads_ref)})
     errors = all_errors(pairs)
-    record_gpu_errors(case, errors)
+    record_gpu_errors(case if dtype == case_dtype else f"{case} as {str(dtype).removeprefix('torch.')}", errors)
     return errors
 
 
@@ -127,7 +130,14 @@ def test_matches_fp64_chunked(case, quantity):
     dtype = CASES[case][6]
     whole, row = errors[quantity], errors[f"{quantity} (worst row)"]
     assert whole < TOL[dtype], f"{case} {quantity}: {whole:.3e} >= {TOL[dtype]} (all: {errors})"
-    assert row < ROW_TOL[dtype], f"{case} {quantity} (worst row): {row:.3e} >= {ROW_TOL[dtype]} (all: {errors})"
+    if row < ROW_TOL[dtype]:
+        return
+    # A bf16 worst row over ROW_TOL passes only as rounding (tests/util.py ROUNDING_SHRINK).
+    why = "no fp16 twin for this dtype"
+    if dtype == torch.bfloat16:
+        twin = errors_of(case, torch.float16)
+        why = rounding_verdict(row, twin[quantity], twin[f"{quantity} (worst row)"])
+    assert why is None, f"{case} {quantity} (worst row): {row:.3e} >= {ROW_TOL[dtype]}, and {why} (all: {errors})"
 
 
 def lin_gdn_recurrence(q, k, v, scale, h, k_sum, v_sum, count):
