@@ -17,6 +17,8 @@
 # through the public ops (benchmarks/ab_public_ops.py): both trees' first calls (cold compile) in
 # parallel, then AB_ROUNDS rounds of before, after; lines in $OUT/ab_public_ops.jsonl, medians
 # and ratios in $OUT/ab_summary.json.
+# COLD_S (0: off): first, benchmarks/cold_compile.py (each op's training-step kernels from an
+# empty Triton cache, per head dim, COLD_JOBS processes at once) into $OUT/cold_compile_h200.json.
 # FA4: with .fa4b carried (benchmarks/fa4_carry.sh), FlashAttention-4 is installed first.
 # FLA_WARM_S (0: off): first compile FLA's autotuned chunk_gla kernels in FLA_WARM_PROCS
 # parallel processes (benchmarks/fla_warm_compile.py) into the Triton cache .triton_cache/,
@@ -30,6 +32,10 @@ export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1
 # earlier records carried in (results/runs/kernels) count as done
 [ -d results/runs/kernels ] && mkdir -p "$OUT/results/runs" && cp -r results/runs/kernels "$OUT/results/runs/"
 
+if [ "${COLD_S:-0}" -gt 0 ]; then
+    timeout -s INT "$COLD_S" python3 benchmarks/cold_compile.py --out "$OUT/cold_compile_h200.json" \
+        --jobs "${COLD_JOBS:-6}" 2>&1 | tail -n 14
+fi
 if [ -d .fa4b ]; then source benchmarks/fa4_carry.sh install >"$OUT/fa4.log" 2>&1; tail -n 3 "$OUT/fa4.log"; fi
 if [ "${AB_S:-0}" -gt 0 ]; then
     ab_end=$(( $(date +%s) + AB_S ))
