@@ -143,3 +143,18 @@ def test_the_gpu_sweep_times_every_op_and_both_gla_gates():
     runs = {(p.mixer, p.config["mixer"].get("gate")) for p in plan.points}
     assert {m for m, _ in runs} == {"softmax", "linear", "gla", "deltanet", "gdn", "lin_gdn", "mesa"}
     assert ("gla", "scalar") in runs and len(plan.points) == 8
+
+
+def test_the_spill_sweep_changes_one_kernel_group_per_run():
+    from pathlib import Path
+
+    from harness.sweep import expand, load_sweep
+    from kernels.common.launch import DEFAULTS, as_dict
+
+    plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-spills.yaml"), "cuda")
+    assert len(plan.points) == len({p.key for p in plan.points}) == 5
+    default = as_dict(DEFAULTS["gated_delta_rule"])
+    for p in plan.points:
+        changes = p.config["launch"]["gated_delta_rule"]
+        assert changes and all(name in default for name in changes)
+        assert any(default[name][field] != value for name, fields in changes.items() for field, value in fields.items())

@@ -1,0 +1,101 @@
+"""Screen launch settings of one op's Triton kernels for register spills, without a GPU: each
+variant's training step (forward and backward, bf16, no state) is compiled for sm_90 and not
+run (tests/compile_sm90.py's CompileOnly), and cuobjdump reports each kernel's registers and
+spill stack. Run it under the Triton the device has (PYTHONPATH to a `pip install --target`
+of that version) to see that compiler's code.
+
+    python benchmarks/spill_screen.py --op gated_delta_rule --head-dim 128 --out F.json
+
+A variant is one kernel's field changes (kernels/common/launch.py); each is compiled once.
+Spilling is a hint where to look, not a time: the kernels task times candidates on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+# kernel -> {field: values} of the delta rules' launch settings (DeltaLaunch)
+DELTA_GRID = {
+    "wy_fwd": {"BK": [32, 64, 128], "BV": [32, 64], "num_warps": [2, 4]},
+    "state_fwd": {"BV": [32, 64], "num_warps": [4, 8]},
+    "output_fwd": {"BK": [64, 128], "BV": [64, 128], "num_warps": [4, 8]},
+    "du_local": {"BK": [64, 128], "BV": [64, 128], "num_warps": [4, 8]},
+    "state_bwd": {"BV": [32, 64], "num_warps": [4, 8]},
+    "dqkw": {"BK": [32, 64], "BV": [32, 64], "num_warps": [4, 8]},
+    "wy_bwd": {"BK": [32, 64], "BV": [32, 64], "num_warps": [2, 4]},
+}
+
+
+def variants(grid: dict[str, dict[str, list]]) -> list[tuple[str, dict]]:
+    out = []
+    for kernel, fields in grid.items():
+        names = list(fields)
+        for values in itertools.product(*(fields[n] for n in names)):
+            out.append((kernel, dict(zip(names, values))))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--op", default="gated_delta_rule", choices=["gated_delta_rule", "delta_rule"])
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--out", required=True, type=Path)
+    args = p.parse_args()
+
+    import torch
+    import triton
+    from compile_sm90 import CompileOnly
+    from triton.runtime.jit import JITFunction
+
+    from kernels.common.launch import launch_settings
+    from kernels.common.spec import load_entry
+    from kernels.registry import SPECS
+
+    stand_in = CompileOnly(resources=True)
+    JITFunction.run = lambda self, *a, **kw: stand_in(self, *a, **kw)
+    spec = SPECS[args.op]
+    entry = load_entry(spec.backends["triton"].entry)
+    D = args.head_dim
+    inputs = spec.make_inputs(1, 200, 2, D, D, dtype=torch.bfloat16)
+    for t in inputs.values():
+        if torch.is_tensor(t) and t.is_floating_point():
+            t.requires_grad_(True)
+
+    def step() -> None:
+        o, _ = entry(**inputs, scale=D**-0.5, output_final_state=False)
+        o.backward(torch.ones_like(o))
+
+    rows = []
+    for kernel, changes in [("default", {})] + variants(DELTA_GRID):
+        before = set(stand_in.done) | set(stand_in.failed)
+        started = time.time()
+        with launch_settings(**{args.op: {kernel: changes}} if changes else {}):
+            step()
+        for key in (set(stand_in.done) | set(stand_in.failed)) - before:
+            name = key[0].removesuffix("_kernel")
+            if kernel != "default" and name != kernel:
+                continue
+            usage = stand_in.usage.get(key, stand_in.failed.get(key, ""))
+            rows.append({"variant": kernel, "changes": changes, "kernel": name,
+                         "constexprs": {k: v for k, v in dict(key[1]).items() if k.startswith("B")},
+                         "options": dict(key[3]), "resources": usage,
+                         "failed": key in stand_in.failed})
+        print(f"{kernel:10s} {changes} ({time.time() - started:.1f} s)", flush=True)
+    record = {"what": __doc__.split("\n\n")[0], "op": args.op, "head_dim": D, "triton": triton.__version__,
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    args.out.write_text(json.dumps(record, indent=1))
+    for r in rows:
+        print(f"{r['kernel']:11s} {str(r['constexprs']):40s} {str(r['options']):36s} {r['resources']}")
+
+
+if __name__ == "__main__":
+    main()
