@@ -67,9 +67,15 @@ def sequential_block_v(
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs get true fp32 dots (tf32 would miss the 1e-4 tolerance); 16-bit inputs
-    are multiplied in their own dtype with fp32 accumulation, where this setting is moot."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """Dot precision of a kernel on `dtype` inputs. fp32 inputs get true fp32 dots ("ieee")
+    unless torch allows TF32 for fp32 matrix products (torch.set_float32_matmul_precision
+    "high" or "medium", which the training loop sets for optim.matmul_precision="high"): then
+    "tf32", as torch's own fp32 matmuls. 16-bit inputs are multiplied in their own dtype with
+    fp32 accumulation, where this setting is moot. Read at each launch, so a backward takes the
+    precision in effect when it runs (the training loop holds one for the whole run)."""
+    if dtype != torch.float32:
+        return "tf32"
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
 def check_chunk_size(op: str, chunk_size: int) -> int:

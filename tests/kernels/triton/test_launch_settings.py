@@ -100,3 +100,40 @@ def test_state_passes_take_one_stage_for_1kb_rows():
         assert pass_.num_stages == 2
         assert pass_.stages_for(256, 4) == 1
         assert pass_.stages_for(256, 2) == 2 and pass_.stages_for(128, 4) == 2
+
+
+@pytest.mark.parametrize("precision, expected", [("highest", "ieee"), ("high", "tf32"), ("medium", "tf32")])
+def test_fp32_dots_follow_torchs_matmul_precision(precision, expected):
+    """fp32 inputs launch the delta-rule and GLA kernels with true fp32 dots under torch's
+    "highest" matmul precision and with TF32 under "high" / "medium" (as torch's fp32 matmuls);
+    16-bit inputs always take their own dtype's products ("tf32", moot)."""
+    from kernels.common.triton import utils
+    from kernels.gated_delta_rule import triton_fwd
+    from kernels.gated_linear_attention import triton_output
+
+    seen = []
+
+    class Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch_kernel(*args, **kwargs):
+                seen.append(kwargs["PREC"])
+                return self.kernel[grid](*args, **kwargs)
+            return launch_kernel
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(precision)
+        assert utils.dot_precision(torch.float32) == expected and utils.dot_precision(torch.bfloat16) == "tf32"
+        mp = pytest.MonkeyPatch()
+        with mp.context() as m:
+            m.setattr(triton_fwd, "output_fwd_kernel", Spy(triton_fwd.output_fwd_kernel))
+            m.setattr(triton_output, "chunk_fwd_output_kernel", Spy(triton_output.chunk_fwd_output_kernel))
+            q, k, v, g, beta = _gdn_inputs(T=40)
+            gated_delta_rule(q, k, v, g, beta, backend="triton")
+            gated_linear_attention(q, k, v, g, backend="triton")
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen and set(seen) == {expected}, seen
