@@ -228,9 +228,9 @@ class NarrowingLaunch:
 @dataclasses.dataclass(frozen=True)
 class NarrowVLaunch(TileLaunch):
     """A delta-rule tile kernel whose warps drop to narrow_num_warps where its V-block is under
-    64 columns. On the H200 (Triton 3.6) 4 warps at V-blocks of 16 and 32 miscompile: wy_bwd's
-    dv and dbeta (rel. err. 0.9; dk and dg through them) in bf16 and fp32, and output_fwd's o
-    and du_local's dU at K = 128 (tests/gpu/test_delta_stages_gpu.py); wy_bwd is right with 2
+    64 columns. On the H200 (Triton 3.6, bf16) 4 warps at V-blocks of 16 and 32 miscompile:
+    wy_bwd's dv and dbeta (rel. err. 0.9; dk and dg through them), and output_fwd's o and
+    du_local's dU at K = 128 (tests/gpu/test_delta_stages_gpu.py); wy_bwd is right with 2
     warps, and every kernel is right with 4 at V-blocks of 64 and 128."""
 
     narrow_num_warps: int = 2
