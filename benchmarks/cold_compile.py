@@ -1,6 +1,7 @@
 """Cold compile of the Triton kernels one training step of each mixer's op launches, per head dim:
 each (op, head dim) in a fresh process with an empty Triton cache, forward and backward once in
-bf16 without a state (B = 1, T = 200, H = 2, K = V = head dim), the mixer's gate variant.
+bf16 without a state (tests/compile_sm90.training_step: B = 1, T = 200, H = 2, K = V = head
+dim), the mixer's gate variant.
 
     python benchmarks/cold_compile.py --out F.json [--head-dims 64,128] [--jobs 2]
 
@@ -34,19 +35,14 @@ MIXERS = {
     "lin_gdn": ("linearized_softmax_gdn", None),
     "mesa": ("mesa", None),
 }
-B, T, H = 1, 200, 2
-
-
 def child(op: str, variant: str | None, head_dim: int) -> dict:
     """One op's forward and backward in this (fresh) process; the seconds of each launch."""
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
     import torch
+    from compile_sm90 import CompileOnly, training_step
     from triton.runtime.jit import JITFunction
 
-    from kernels.common.spec import load_entry
-    from kernels.registry import SPECS
-
-    spec = SPECS[op]
     on_gpu = torch.cuda.is_available()
     launches: list[dict] = []
     if on_gpu:
@@ -62,22 +58,13 @@ def child(op: str, variant: str | None, head_dim: int) -> dict:
 
         JITFunction.run = timed
     else:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from compile_sm90 import CompileOnly
-
         stand_in = CompileOnly(resources=True)
         JITFunction.run = lambda self, *args, **kwargs: stand_in(self, *args, **kwargs)
-    device = "cuda" if on_gpu else "cpu"
-    args = spec.make_inputs(B, T, H, head_dim, head_dim, variant=variant, dtype=torch.bfloat16, device=device)
-    for value in args.values():
-        if torch.is_tensor(value) and value.is_floating_point():
-            value.requires_grad_(True)
-    entry = load_entry(spec.backends["triton"].entry)
+    train = training_step(op, variant, head_dim, "cuda" if on_gpu else "cpu")
 
     def step() -> float:
         started = time.perf_counter()
-        o, _ = entry(**args, scale=head_dim**-0.5, output_final_state=False)
-        o.backward(torch.ones_like(o))
+        train()
         return time.perf_counter() - started
 
     wall = step()

@@ -53,26 +53,15 @@ def main() -> None:
 
     import torch
     import triton
-    from compile_sm90 import CompileOnly
+    from compile_sm90 import CompileOnly, training_step
     from triton.runtime.jit import JITFunction
 
     from kernels.common.launch import launch_settings
-    from kernels.common.spec import load_entry
-    from kernels.registry import SPECS
 
     stand_in = CompileOnly(resources=True)
     JITFunction.run = lambda self, *a, **kw: stand_in(self, *a, **kw)
-    spec = SPECS[args.op]
-    entry = load_entry(spec.backends["triton"].entry)
     D = args.head_dim
-    inputs = spec.make_inputs(1, 200, 2, D, D, dtype=torch.bfloat16)
-    for t in inputs.values():
-        if torch.is_tensor(t) and t.is_floating_point():
-            t.requires_grad_(True)
-
-    def step() -> None:
-        o, _ = entry(**inputs, scale=D**-0.5, output_final_state=False)
-        o.backward(torch.ones_like(o))
+    step = training_step(args.op, None, D)
 
     rows = []
     for kernel, changes in [("default", {})] + variants(DELTA_GRID):

@@ -126,6 +126,27 @@ def _leaves(args: dict) -> list:
     return found
 
 
+def training_step(op: str, variant: str | None, head_dim: int, device: str = "cpu"):
+    """A zero-argument forward and backward of `op`'s Triton entry point, as one training step
+    runs it: its input factory's tensors (B 1, T 200, H 2, K = V = head_dim, bf16, input
+    `variant`, no state) on `device`, every floating input wanting its gradient."""
+    import torch
+
+    from kernels.common.spec import load_entry
+    from kernels.registry import SPECS
+
+    spec = SPECS[op]
+    entry = load_entry(spec.backends["triton"].entry)
+    args = spec.make_inputs(1, 200, 2, head_dim, head_dim, variant=variant, dtype=torch.bfloat16, device=device)
+    _leaves(args)
+
+    def step() -> None:
+        o, _ = entry(**args, scale=head_dim**-0.5, output_final_state=False)
+        o.backward(torch.ones_like(o))
+
+    return step
+
+
 def spec_calls() -> dict:
     """label -> a call of the Triton entry point of every op that has one (kernels.registry),
     on its input factory's tensors at K = V = 128 in bf16 (the GPU tiles): each input variant

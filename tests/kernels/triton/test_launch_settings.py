@@ -54,16 +54,15 @@ def test_gla_backward_runs_under_the_forwards_settings(monkeypatch):
 
 
 class _LaunchSpy:
-    """Stands in for a jitted kernel: notes (BV, the num_warps asked of utils.warps) of each
-    launch, then launches. Under the interpreter warps() turns every request into 1 warp, so
-    the request is read where it is made (the module's warps, patched to note it)."""
+    """Stands in for a jitted kernel: hands each launch's keyword arguments to `note`, then
+    launches."""
 
-    def __init__(self, kernel, asked: list[int], seen: list[tuple[int, int]]):
-        self.kernel, self.asked, self.seen = kernel, asked, seen
+    def __init__(self, kernel, note):
+        self.kernel, self.note = kernel, note
 
     def __getitem__(self, grid):
         def launch_kernel(*args, **kwargs):
-            self.seen.append((kwargs["BV"], self.asked[-1]))
+            self.note(kwargs)
             return self.kernel[grid](*args, **kwargs)
         return launch_kernel
 
@@ -77,8 +76,11 @@ def test_narrow_value_blocks_take_narrow_warps(monkeypatch, module, kernel):
     mod = importlib.import_module(f"kernels.gated_delta_rule.{module}")
     asked, seen = [], []
     warps = mod.warps
+    # Under the interpreter warps() turns every request into 1 warp: the request is read where
+    # it is made, and each launch notes (its BV, the last request).
     monkeypatch.setattr(mod, "warps", lambda n: asked.append(n) or warps(n))
-    monkeypatch.setattr(mod, f"{kernel}_kernel", _LaunchSpy(getattr(mod, f"{kernel}_kernel"), asked, seen))
+    monkeypatch.setattr(mod, f"{kernel}_kernel",
+                        _LaunchSpy(getattr(mod, f"{kernel}_kernel"), lambda kw: seen.append((kw["BV"], asked[-1]))))
     for V, bv, expected in ((16, 16, 2), (32, 32, 2), (64, 64, 4), (100, 64, 4)):
         seen.clear()
         q, k, v, g, beta = _gdn_inputs(T=40, V=V)
@@ -103,7 +105,7 @@ def test_state_passes_take_one_stage_for_1kb_rows():
 
 
 @pytest.mark.parametrize("precision, expected", [("highest", "ieee"), ("high", "tf32"), ("medium", "tf32")])
-def test_fp32_dots_follow_torchs_matmul_precision(precision, expected):
+def test_fp32_dots_follow_torchs_matmul_precision(monkeypatch, precision, expected):
     """fp32 inputs launch the delta-rule and GLA kernels with true fp32 dots under torch's
     "highest" matmul precision and with TF32 under "high" / "medium" (as torch's fp32 matmuls);
     16-bit inputs always take their own dtype's products ("tf32", moot)."""
@@ -112,28 +114,15 @@ def test_fp32_dots_follow_torchs_matmul_precision(precision, expected):
     from kernels.gated_linear_attention import triton_output
 
     seen = []
-
-    class Spy:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch_kernel(*args, **kwargs):
-                seen.append(kwargs["PREC"])
-                return self.kernel[grid](*args, **kwargs)
-            return launch_kernel
-
+    for mod, name in ((triton_fwd, "output_fwd_kernel"), (triton_output, "chunk_fwd_output_kernel")):
+        monkeypatch.setattr(mod, name, _LaunchSpy(getattr(mod, name), lambda kw: seen.append(kw["PREC"])))
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision(precision)
         assert utils.dot_precision(torch.float32) == expected and utils.dot_precision(torch.bfloat16) == "tf32"
-        mp = pytest.MonkeyPatch()
-        with mp.context() as m:
-            m.setattr(triton_fwd, "output_fwd_kernel", Spy(triton_fwd.output_fwd_kernel))
-            m.setattr(triton_output, "chunk_fwd_output_kernel", Spy(triton_output.chunk_fwd_output_kernel))
-            q, k, v, g, beta = _gdn_inputs(T=40)
-            gated_delta_rule(q, k, v, g, beta, backend="triton")
-            gated_linear_attention(q, k, v, g, backend="triton")
+        q, k, v, g, beta = _gdn_inputs(T=40)
+        gated_delta_rule(q, k, v, g, beta, backend="triton")
+        gated_linear_attention(q, k, v, g, backend="triton")
     finally:
         torch.set_float32_matmul_precision(before)
     assert seen and set(seen) == {expected}, seen
