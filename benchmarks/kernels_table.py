@@ -1,11 +1,14 @@
-"""Markdown table of the kernels task's records: per op (and gate variant), our Triton time over
-FLA's at each sequence length, forward and forward+backward, for one head shape.
+"""Markdown table of the kernels task's records: per op (and gate variant), our time over the
+peer's at each sequence length, forward and forward+backward, for one head shape. Ours is the
+backend `auto` ran (the record's primary backend: Triton for the linear-time ops, the fastest
+FlashAttention for softmax); the peer is FLA's kernel, and for softmax, which FLA does not
+have, SDPA (the torch backend).
 
     python -m benchmarks.kernels_table [--results results] [--device cuda] [--heads 16x128]
 
-A cell is `ratio (ours ms)` where FLA ran beside ours in the same record, `ours ms` where it did
-not (the last column says why: FLA missing, or refusing a backward on this Triton), "·" where
-the record has no such point. When an op has several records, the newest counts; the table's
+A cell is `ratio (ours ms)` where the peer ran beside ours in the same record, `ours ms` where
+it did not (the last column says why: FLA missing, or refusing a backward on this Triton), "·"
+where the record has no such point. When an op has several records, the newest counts; the table's
 header names the records' devices, commits and versions."""
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from pathlib import Path
 
 from harness.records import RunRecord, device_type_of, load_records
 
-OURS = "triton"
+# The peer of an op that FLA has no kernel for.
+PEER_BESIDE_FLA = {"softmax_attention": "torch"}
 
 
 def _points(record: RunRecord, heads: tuple[int, int]) -> dict[tuple[int, str, str], dict]:
@@ -27,14 +31,14 @@ def _points(record: RunRecord, heads: tuple[int, int]) -> dict[tuple[int, str, s
     return out
 
 
-def _cell(points: dict, T: int, phase: str) -> str:
-    ours = points.get((T, phase, OURS))
+def _cell(points: dict, T: int, phase: str, ours_name: str, peer_name: str) -> str:
+    ours = points.get((T, phase, ours_name))
     if ours is None or ours["status"] != "ok":
         return "·" if ours is None else f"ours {ours['status']}"
-    fla = points.get((T, phase, "fla"))
-    if fla is not None and fla["status"] == "ok":
-        return f"{ours['ms'] / fla['ms']:.2f} ({ours['ms']:.2f} ms)"
-    return f"{ours['ms']:.2f} ms" + ("" if fla is None else f" (FLA {fla['status']})")
+    peer = points.get((T, phase, peer_name))
+    if peer is not None and peer["status"] == "ok":
+        return f"{ours['ms'] / peer['ms']:.2f} ({ours['ms']:.2f} ms)"
+    return f"{ours['ms']:.2f} ms" + ("" if peer is None else f" ({peer_name} {peer['status']})")
 
 
 def table(results: Path, device: str, heads: tuple[int, int]) -> str:
@@ -49,19 +53,21 @@ def table(results: Path, device: str, heads: tuple[int, int]) -> str:
         return f"no ok kernels records for device {device} under {results / 'runs'}"
     lengths = sorted({T for r in newest.values() for (T, _, _) in _points(r, heads)})
     head = " / ".join(f"T={T // 1024}k" if T >= 1024 else f"T={T}" for T in lengths)
-    lines = [f"| op | fwd {head} | fwd+bwd {head} | FLA |", "|---|---|---|---|"]
+    lines = [f"| op | ours / peer | fwd {head} | fwd+bwd {head} | peer |", "|---|---|---|---|---|"]
     for (op, variant), rec in sorted(newest.items()):
         pts = _points(rec, heads)
-        why = rec.details.get("backends", {}).get("fla", "not asked")
-        cells = [" / ".join(_cell(pts, T, phase) for T in lengths) for phase in ("fwd", "fwdbwd")]
+        peer = PEER_BESIDE_FLA.get(op, "fla")
+        why = rec.details.get("backends", {}).get(peer, "not asked")
+        cells = [" / ".join(_cell(pts, T, phase, rec.backend, peer) for T in lengths) for phase in ("fwd", "fwdbwd")]
         name = op if variant == "default" else f"{op} ({variant})"
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {'same process' if why == 'ok' else why} |")
+        label = f"{rec.backend} / {'FLA' if peer == 'fla' else peer}" if why == "ok" else rec.backend
+        lines.append(f"| {name} | {label} | {cells[0]} | {cells[1]} | {'same process' if why == 'ok' else why} |")
     devices = sorted({r.device for r in newest.values()})
     commits = sorted({r.git_commit[:7] for r in newest.values()})
     versions = sorted({", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())
                                  if k in ("torch", "triton", "fla") and v) for r in newest.values()})
     lines.append("")
-    lines.append(f"H = {heads[0]}, K = V = {heads[1]}; ours / FLA time; {'; '.join(devices)}; "
+    lines.append(f"H = {heads[0]}, K = V = {heads[1]}; ours / peer time (torch: SDPA); {'; '.join(devices)}; "
                  f"commits {', '.join(commits)}; {'; '.join(versions)}")
     return "\n".join(lines)
 
