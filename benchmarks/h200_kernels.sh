@@ -23,51 +23,72 @@
 # FLA_WARM_S (0: off): first compile FLA's autotuned chunk_gla kernels in FLA_WARM_PROCS
 # parallel processes (benchmarks/fla_warm_compile.py) into the Triton cache .triton_cache/,
 # which a warm machine keeps between calls, so the sweep's FLA columns find them compiled.
+# CALL_S (default 570): the whole script's seconds. Every step's limit is cut to what is left
+# of them, and the records and logs are packed after every step, so a call that the device
+# tool stops at its own limit still brings back what finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/h200_kernels_out}
+call_end=$(( $(date +%s) + ${CALL_S:-570} ))
 source benchmarks/device_preamble.sh
-mkdir -p .triton_cache "$OUT/results"
+mkdir -p .triton_cache "$OUT/results" "$OUT/logs"
 export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1
+export GPU_ERRORS_JSON="$OUT/gpu_errors.json"
 # earlier records carried in (results/runs/kernels) count as done
 [ -d results/runs/kernels ] && mkdir -p "$OUT/results/runs" && cp -r results/runs/kernels "$OUT/results/runs/"
 
+# seconds a step may take: its own limit $1, cut to the call's remaining time less 10 s to pack
+limit() { local left=$(( call_end - $(date +%s) - 10 )); [ "$left" -lt "$1" ] && echo $(( left > 0 ? left : 1 )) || echo "$1"; }
+# A call brings back at most 8 files: the records and the logs go back as one archive each,
+# rewritten after every step.
+pack() {
+    tar czf "$OUT/results.tgz.part" -C "$OUT" results && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+    tar czf "$OUT/logs.tgz.part" -C "$OUT" logs && mv "$OUT/logs.tgz.part" "$OUT/logs.tgz"
+}
+
 if [ "${COLD_S:-0}" -gt 0 ]; then
-    timeout -s INT "$COLD_S" python3 benchmarks/cold_compile.py --out "$OUT/cold_compile_h200.json" \
+    timeout -k 20 -s INT "$(limit "$COLD_S")" python3 benchmarks/cold_compile.py --out "$OUT/cold_compile_h200.json" \
         --jobs "${COLD_JOBS:-6}" 2>&1 | tail -n 14
+    pack
 fi
-if [ -d .fa4b ]; then source benchmarks/fa4_carry.sh install >"$OUT/fa4.log" 2>&1; tail -n 3 "$OUT/fa4.log"; fi
+if [ -d .fa4b ]; then source benchmarks/fa4_carry.sh install >"$OUT/logs/fa4.log" 2>&1; tail -n 3 "$OUT/logs/fa4.log"; fi
 if [ "${AB_S:-0}" -gt 0 ]; then
-    ab_end=$(( $(date +%s) + AB_S ))
-    F=$OUT/ab_public_ops.jsonl
+    ab_end=$(( $(date +%s) + $(limit "$AB_S") ))
+    F=$OUT/logs/ab_public_ops.jsonl
     ab() { local left=$(( ab_end - $(date +%s) )); [ "$left" -gt 0 ] || return 1
            timeout -s INT "$left" python3 benchmarks/ab_public_ops.py --out "$F" "$@"; }
-    ab --tree "${AB_BEFORE:-.abtree}" --label before --warm-only >"$OUT/ab_warm_before.log" 2>&1 &
-    ab --tree . --label after --warm-only >"$OUT/ab_warm_after.log" 2>&1 &
+    ab --tree "${AB_BEFORE:-.abtree}" --label before --warm-only >"$OUT/logs/ab_warm_before.log" 2>&1 &
+    ab --tree . --label after --warm-only >"$OUT/logs/ab_warm_after.log" 2>&1 &
     wait
     for r in $(seq 1 "${AB_ROUNDS:-3}"); do
-        ab --tree "${AB_BEFORE:-.abtree}" --label before --round "$r" >/dev/null 2>>"$OUT/ab_err.log"
-        ab --tree . --label after --round "$r" >/dev/null 2>>"$OUT/ab_err.log"
+        ab --tree "${AB_BEFORE:-.abtree}" --label before --round "$r" >/dev/null 2>>"$OUT/logs/ab_err.log"
+        ab --tree . --label after --round "$r" >/dev/null 2>>"$OUT/logs/ab_err.log"
     done
     python3 benchmarks/ab_public_ops.py --out "$F" --summarize before after >"$OUT/ab_summary.json"
     grep -E '"(op|T|phase|ratio)"' "$OUT/ab_summary.json" | paste - - - - | head -n 30
+    pack
 fi
 if [ "${TESTS_S:-0}" -gt 0 ]; then
+    # The whole output goes into the logs (each case's errors included); the summary lines here.
     # shellcheck disable=SC2086
-    timeout -s INT "${TESTS_S}" python3 -m pytest -q -s -p no:cacheprovider ${TESTS:-tests/gpu} 2>&1 \
-        | grep -E "GPU-ERR|passed|failed|Error|PASSED|FAILED" | tee "$OUT/gpu_tests.log"
+    timeout -k 20 -s INT "$(limit "$TESTS_S")" python3 -m pytest -q -s -p no:cacheprovider ${TESTS:-tests/gpu} \
+        >"$OUT/logs/gpu_tests.log" 2>&1
+    grep -E "GPU-ERR|passed|failed|PASSED|FAILED|^E  " "$OUT/logs/gpu_tests.log" | tail -n 40
+    pack
 fi
 if [ "${FLA_WARM_S:-0}" -gt 0 ]; then
-    timeout -s INT "${FLA_WARM_S}" python3 benchmarks/fla_warm_compile.py --op gla_vector \
-        --procs "${FLA_WARM_PROCS:-14}" 2>&1 | grep -v "^\s*$" | tail -n 20 | tee "$OUT/fla_warm.log"
+    timeout -k 20 -s INT "$(limit "$FLA_WARM_S")" python3 benchmarks/fla_warm_compile.py --op gla_vector \
+        --procs "${FLA_WARM_PROCS:-14}" >"$OUT/logs/fla_warm.log" 2>&1
+    grep -v "^\s*$" "$OUT/logs/fla_warm.log" | tail -n 10
+    pack
 fi
 for sweep in ${SWEEPS:-configs/kernels-gpu.yaml}; do
-    timeout -s INT "${SWEEP_S:-500}" python3 -m harness sweep "$sweep" --results "$OUT/results" --no-wandb \
-        ${MIXERS:+--mixer "$MIXERS"} 2>&1 | tail -n 40 | tee "$OUT/$(basename "$sweep" .yaml).log"
+    log="$OUT/logs/$(basename "$sweep" .yaml).log"
+    timeout -k 20 -s INT "$(limit "${SWEEP_S:-500}")" python3 -m harness sweep "$sweep" --results "$OUT/results" \
+        --no-wandb ${MIXERS:+--mixer "$MIXERS"} >"$log" 2>&1
+    grep -E "✓|✗|error|runs? on" "$log" | tail -n 20
+    pack
 done
-ls -laR "$OUT/results/runs" 2>/dev/null | tail -n 30
-# A call brings back at most 8 files: the records and the logs go back as one archive each.
-tar czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results"
-logs=$(cd "$OUT" && ls ./*.log ./*.jsonl 2>/dev/null)
-[ -n "$logs" ] && tar czf "$OUT/logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
+pack
+rm -rf "$OUT/results" "$OUT/logs"
 ls -la "$OUT"
