@@ -2,7 +2,8 @@
 
 Each installed FlashAttention (fa4, fa3, flash_attn) runs through the public op at moderate
 and long T, with and without a KV cache (S cached tokens, the bottom-right causal case),
-in bf16 and fp16; outputs, the returned cache and the gradients of q, k, v and of the cached
+in bf16 and fp16, and SDPA (backend "torch") on the same cases and bounds beside them;
+outputs, the returned cache and the gradients of q, k, v and of the cached
 keys and values are held to TOL (whole tensor) and ROW_TOL (worst row) against the reference
 run in fp64 on the same GPU. Each case watches the backend's entry point in flash.py, so that
 a comparison that ran SDPA cannot pass. A backend that is not installed or cannot run on this
@@ -76,15 +77,21 @@ CASES = [  # (B, T, S, H, K, V)
 ]
 
 
-@pytest.mark.parametrize("backend", FLASH_BACKENDS)
+@pytest.mark.parametrize("backend", [*FLASH_BACKENDS, "torch"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("B, T, S, H, K, V", CASES)
 def test_flash_attention_matches_the_reference(backend, dtype, B, T, S, H, K, V):
-    usable(backend)
+    """Each FlashAttention, and SDPA (the torch backend, which auto takes when none is usable)
+    on the same cases and bounds, so that a FlashAttention over a bound is seen beside what
+    the established kernel gives there."""
+    if backend != "torch":
+        usable(backend)
     q, k, v, cache = make_inputs(B, T, S, H, K, V, dtype, seed=T + S)
     do = torch.randn(B, T, H, V, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).to(dtype)
-    entry = ENTRIES[backend]
-    with mock.patch.object(flash, entry, wraps=getattr(flash, entry)) as ran:
+    # The torch backend's entry is bound in the spec; the SDPA call inside it is watched instead.
+    module, entry = (torch.nn.functional, "scaled_dot_product_attention") if backend == "torch" \
+        else (flash, ENTRIES[backend])
+    with mock.patch.object(module, entry, wraps=getattr(module, entry)) as ran:
         o, final, grads = outputs_and_grads(backend, q, k, v, cache, do)
     assert ran.call_count == 1, f"{backend}: {entry} did not run"
     ref_cache = KVCache(fp64(cache.k), fp64(cache.v)) if cache else None
@@ -106,7 +113,8 @@ def test_fa4_takes_unequal_head_dims():
     usable("fa4")
     q, k, v, cache = make_inputs(2, 300, 50, 4, 128, 64, torch.bfloat16, seed=3)
     o, _ = softmax_attention(q, k, v, initial_state=cache, backend="fa4")
-    o_ref, _ = softmax_attention(fp64(q), fp64(k), fp64(v), KVCache(fp64(cache.k), fp64(cache.v)), backend="reference")
+    o_ref, _ = softmax_attention(fp64(q), fp64(k), fp64(v), initial_state=KVCache(fp64(cache.k), fp64(cache.v)),
+                                 backend="reference")
     assert rel_err(o, o_ref) < TOL[torch.bfloat16]
 
 
