@@ -183,8 +183,10 @@ def bounds(op: str, gates: str | None, backend: str, dtype: torch.dtype, name: s
     return whole, row
 
 
-def check_case(op: str, gates: str | None, ours: dict, ref: dict, backend: str, dtype: torch.dtype) -> dict:
-    """Every quantity finite and within its bounds; returns {name: (rel_err, row_err)}."""
+def over_bounds(op: str, gates: str | None, ours: dict, ref: dict, backend: str,
+                dtype: torch.dtype) -> tuple[dict, dict]:
+    """({name: (rel_err, row_err)}, {name: (rel_err, row_err, whole bound, row bound)} of the
+    quantities over a bound); a quantity that is not finite fails at once."""
     errors = {name: (rel_err(ours[name], ref[name]), row_err(ours[name], ref[name])) for name in ref}
     bad = {}
     for name, (whole, row) in errors.items():
@@ -192,5 +194,11 @@ def check_case(op: str, gates: str | None, ours: dict, ref: dict, backend: str, 
         whole_bound, row_bound = bounds(op, gates, backend, dtype, name)
         if not (whole < whole_bound and row < row_bound):
             bad[name] = (whole, row, whole_bound, row_bound)
+    return errors, bad
+
+
+def check_case(op: str, gates: str | None, ours: dict, ref: dict, backend: str, dtype: torch.dtype) -> dict:
+    """Every quantity finite and within its bounds; returns {name: (rel_err, row_err)}."""
+    errors, bad = over_bounds(op, gates, ours, ref, backend, dtype)
     assert not bad, f"{op} {gates} {backend}: (rel_err, row_err, bounds) {bad}; all {errors}"
     return errors
