@@ -1,8 +1,13 @@
 """Timing helpers for the efficiency tasks: medians after warm-up.
 
-On CUDA each call is timed alone between two CUDA events, with the L2 cache flushed
-before it (so a small recurrent state is not timed hot from the previous call); on the CPU
-each call is timed with time.perf_counter (CPU ops are synchronous). The number of timed
+On CUDA each call is timed between two CUDA events, with the L2 cache flushed before it (so
+a small recurrent state is not timed hot from the previous call). The timed calls are
+enqueued back to back and the host waits once at the end (sync="end", as
+triton.testing.do_bench and a training loop run them): an op's host work (argument checks,
+Python-side launches) overlaps the GPU's and is counted only where it is the bottleneck.
+sync="each" waits after every call instead, so that each call's host time before its first
+kernel is counted as well. On the CPU each call is timed with time.perf_counter (CPU ops are
+synchronous). The number of timed
 calls adapts to the cost of one call so that a point takes about `target_ms` of measured
 time, between `min_repeats` and `max_repeats` calls. The tasks never import triton, so this
 is our own do_bench-like loop rather than triton.testing.do_bench.
@@ -15,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,18 +38,22 @@ class TimingOptions:
 
     warmup: untimed calls first (Triton compiles and autotunes here); min_repeats /
     max_repeats: bounds on the timed calls; target_ms: measured time aimed at per point;
-    flush_l2: zero a 256 MB buffer before each timed CUDA call."""
+    flush_l2: zero a 256 MB buffer before each timed CUDA call; sync: on CUDA, wait once
+    after all timed calls ("end") or after each ("each"; module doc)."""
 
     warmup: int = 3
     min_repeats: int = 5
     max_repeats: int = 100
     target_ms: float = 300.0
     flush_l2: bool = True
+    sync: Literal["end", "each"] = "end"
 
     def __post_init__(self):
-        if self.warmup < 0 or self.min_repeats < 1 or self.max_repeats < self.min_repeats or self.target_ms <= 0:
+        if self.warmup < 0 or self.min_repeats < 1 or self.max_repeats < self.min_repeats or self.target_ms <= 0 \
+                or self.sync not in ("end", "each"):
             raise ValueError(
-                f"TimingOptions: need warmup >= 0, 1 <= min_repeats <= max_repeats, target_ms > 0; got {self}"
+                f"TimingOptions: need warmup >= 0, 1 <= min_repeats <= max_repeats, target_ms > 0, sync 'end' or "
+                f"'each'; got {self}"
             )
 
 
@@ -56,10 +66,13 @@ class TimingConfig(BaseModel):
     min_repeats: int = Field(5, ge=1)
     max_repeats: int = Field(100, ge=1)
     target_ms: float = Field(300.0, gt=0, description="measured time aimed at per point")
+    sync: Literal["end", "each"] = Field(
+        "end", description="CUDA: wait once after the timed calls (host work overlaps the GPU's) or after each")
 
     def options(self) -> TimingOptions:
         """These settings as TimingOptions (max_repeats raised to min_repeats where below it)."""
-        return TimingOptions(self.warmup, self.min_repeats, max(self.max_repeats, self.min_repeats), self.target_ms)
+        return TimingOptions(self.warmup, self.min_repeats, max(self.max_repeats, self.min_repeats), self.target_ms,
+                             sync=self.sync)
 
 
 @dataclass(frozen=True)
@@ -94,15 +107,28 @@ def _flush_l2(device: torch.device) -> None:
     buf.zero_()
 
 
-def _cuda_call_ms(fn: Callable[[], object], device: torch.device, flush: bool) -> float:
+def _cuda_enqueue(fn: Callable[[], object], device: torch.device, flush: bool) -> tuple[torch.cuda.Event, ...]:
+    """Enqueue one timed call (after an L2 flush when asked); its (start, end) events."""
     if flush:
         _flush_l2(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
     end.record()
+    return start, end
+
+
+def _cuda_call_ms(fn: Callable[[], object], device: torch.device, flush: bool) -> float:
+    start, end = _cuda_enqueue(fn, device, flush)
     end.synchronize()
     return start.elapsed_time(end)
+
+
+def _cuda_queued_ms(fn: Callable[[], object], device: torch.device, flush: bool, count: int) -> list[float]:
+    """`count` calls enqueued back to back, one wait at the end: each call's ms."""
+    events = [_cuda_enqueue(fn, device, flush) for _ in range(count)]
+    torch.cuda.synchronize(device)
+    return [start.elapsed_time(end) for start, end in events]
 
 
 def _cpu_call_ms(fn: Callable[[], object]) -> float:
@@ -133,7 +159,10 @@ def time_callable(fn: Callable[[], object], device: torch.device, options: Timin
     samples = [] if warm else [first]
     estimate = max(first, 1e-3)
     repeats = int(min(options.max_repeats, max(options.min_repeats, options.target_ms // estimate)))
-    samples += [call() for _ in range(repeats - len(samples))]
+    if device.type == "cuda" and options.sync == "end":
+        samples += _cuda_queued_ms(fn, device, options.flush_l2, repeats - len(samples))
+    else:
+        samples += [call() for _ in range(repeats - len(samples))]
     return summarize(samples)
 
 

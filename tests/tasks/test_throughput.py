@@ -161,6 +161,11 @@ def test_timer_medians_and_bad_options():
     assert summarize([3.0, 1.0, 2.0]).median_ms == 2.0
     with pytest.raises(ValueError, match="min_repeats"):
         TimingOptions(min_repeats=0)
+    with pytest.raises(ValueError, match="sync 'end' or 'each'"):
+        TimingOptions(sync="never")
+    from tasks.common.timing import TimingConfig
+
+    assert TimingConfig().options().sync == "end" and TimingConfig(sync="each").options().sync == "each"
 
 
 def test_softmax_is_timed_once_per_process_and_shared(tmp_path, monkeypatch):
