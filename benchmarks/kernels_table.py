@@ -5,6 +5,7 @@ FlashAttention for softmax); the peer is FLA's kernel, and for softmax, which FL
 have, SDPA (the torch backend).
 
     python -m benchmarks.kernels_table [--results results] [--device cuda] [--heads 16x128]
+    python -m benchmarks.kernels_table --device cpu --heads 4x64 --peer reference   # configs/kernels-cpu.yaml
 
 A cell is `ratio (ours ms)` where the peer ran beside ours in the same record, `ours ms` where
 it did not (the last column says why: FLA missing, or refusing a backward on this Triton), "·"
@@ -41,7 +42,7 @@ def _cell(points: dict, T: int, phase: str, ours_name: str, peer_name: str) -> s
     return f"{ours['ms']:.2f} ms" + ("" if peer is None else f" ({peer_name} {peer['status']})")
 
 
-def table(results: Path, device: str, heads: tuple[int, int]) -> str:
+def table(results: Path, device: str, heads: tuple[int, int], peer_name: str = "fla") -> str:
     newest: dict[tuple[str, str], RunRecord] = {}
     for _, rec in load_records(results):
         if rec.task != "kernels" or rec.status != "ok" or device_type_of(rec.device) != device:
@@ -56,7 +57,7 @@ def table(results: Path, device: str, heads: tuple[int, int]) -> str:
     lines = [f"| op | ours / peer | fwd {head} | fwd+bwd {head} | peer |", "|---|---|---|---|---|"]
     for (op, variant), rec in sorted(newest.items()):
         pts = _points(rec, heads)
-        peer = PEER_BESIDE_FLA.get(op, "fla")
+        peer = PEER_BESIDE_FLA.get(op, "fla") if peer_name == "fla" else peer_name
         why = rec.details.get("backends", {}).get(peer, "not asked")
         cells = [" / ".join(_cell(pts, T, phase, rec.backend, peer) for T in lengths) for phase in ("fwd", "fwdbwd")]
         name = op if variant == "default" else f"{op} ({variant})"
@@ -67,7 +68,7 @@ def table(results: Path, device: str, heads: tuple[int, int]) -> str:
     versions = sorted({", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())
                                  if k in ("torch", "triton", "fla") and v) for r in newest.values()})
     lines.append("")
-    lines.append(f"H = {heads[0]}, K = V = {heads[1]}; ours / peer time (torch: SDPA); {'; '.join(devices)}; "
+    lines.append(f"H = {heads[0]}, K = V = {heads[1]}; ours / peer time{' (torch: SDPA)' if peer_name == 'fla' else ''}; {'; '.join(devices)}; "
                  f"commits {', '.join(commits)}; {'; '.join(versions)}")
     return "\n".join(lines)
 
@@ -77,12 +78,13 @@ def main() -> None:
     p.add_argument("--results", type=Path, default=Path("results"))
     p.add_argument("--device", default="cuda", help="device type of the records (cuda or cpu)")
     p.add_argument("--heads", default="16x128", help="head shape HxK of the points to show")
+    p.add_argument("--peer", default="fla", help="the backend ours is held to: fla (softmax: SDPA) or one of the op's")
     args = p.parse_args()
     try:
         H, K = (int(x) for x in args.heads.lower().split("x"))
     except ValueError:
         p.error(f"--heads takes HxK, e.g. 16x128 or 32x64; got {args.heads!r}")
-    print(table(args.results, args.device, (H, K)))
+    print(table(args.results, args.device, (H, K), args.peer))
 
 
 if __name__ == "__main__":
