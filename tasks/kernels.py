@@ -126,9 +126,9 @@ class Kernels(Task):
             "seq_lens": [16, 32], "token_budget": 64, "heads": [{"num_heads": 2, "head_dim": 16}],
             "timing": {"warmup": 1, "min_repeats": 2, "max_repeats": 3, "target_ms": 1.0},
         },
-        # One H200: B·T = 65,536 at T 2k and 8k, 16 heads of 128 and 32 of 64, bf16.
+        # One H200: B·T = 65,536 at T 2k, 8k and 32k, 16 heads of 128 and 32 of 64, bf16.
         "gpu": {
-            "seq_lens": [2048, 8192], "token_budget": 65536, "dtype": "bfloat16",
+            "seq_lens": [2048, 8192, 32768], "token_budget": 65536, "dtype": "bfloat16",
             "heads": [{"num_heads": 16, "head_dim": 128}, {"num_heads": 32, "head_dim": 64}],
             "timing": {"warmup": 3, "min_repeats": 5, "max_repeats": 30, "target_ms": 50.0},
         },

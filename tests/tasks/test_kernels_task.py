@@ -99,7 +99,7 @@ def test_bad_input_is_refused_before_a_run():
 
 def test_gpu_preset_has_the_anchor_shapes():
     cfg = resolve_config(Kernels, "gpu")
-    assert cfg.token_budget == 65536 and cfg.seq_lens == [2048, 8192] and cfg.dtype == "bfloat16"
+    assert cfg.token_budget == 65536 and cfg.seq_lens == [2048, 8192, 32768] and cfg.dtype == "bfloat16"
     assert [(h.num_heads, h.head_dim) for h in cfg.heads] == [(16, 128), (32, 64)]
 
 
