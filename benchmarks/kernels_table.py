@@ -68,7 +68,8 @@ def table(results: Path, device: str, heads: tuple[int, int], peer_name: str = "
     versions = sorted({", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())
                                  if k in ("torch", "triton", "fla") and v) for r in newest.values()})
     lines.append("")
-    lines.append(f"H = {heads[0]}, K = V = {heads[1]}; ours / peer time{' (torch: SDPA)' if peer_name == 'fla' else ''}; {'; '.join(devices)}; "
+    peer_note = " (torch: SDPA)" if peer_name == "fla" else ""
+    lines.append(f"H = {heads[0]}, K = V = {heads[1]}; ours / peer time{peer_note}; {'; '.join(devices)}; "
                  f"commits {', '.join(commits)}; {'; '.join(versions)}")
     return "\n".join(lines)
 
