@@ -6,6 +6,7 @@ have, SDPA (the torch backend).
 
     python -m benchmarks.kernels_table [--results results] [--device cuda] [--heads 16x128]
     python -m benchmarks.kernels_table --device cpu --heads 4x64 --peer reference   # configs/kernels-cpu.yaml
+    python -m benchmarks.kernels_table --breakdown 8192 [--phase fwd]   # records with profile=N
 
 A cell is `ratio (ours ms)` where the peer ran beside ours in the same record, `ours ms` where
 it did not (the last column says why: FLA missing, or refusing a backward on this Triton), "·"
@@ -43,13 +44,7 @@ def _cell(points: dict, T: int, phase: str, ours_name: str, peer_name: str) -> s
 
 
 def table(results: Path, device: str, heads: tuple[int, int], peer_name: str = "fla") -> str:
-    newest: dict[tuple[str, str], RunRecord] = {}
-    for _, rec in load_records(results):
-        if rec.task != "kernels" or rec.status != "ok" or device_type_of(rec.device) != device:
-            continue
-        key = (rec.details["op"], rec.details.get("variant") or "default")
-        if key not in newest or rec.finished > newest[key].finished:
-            newest[key] = rec
+    newest = _newest(results, device)
     if not newest:
         return f"no ok kernels records for device {device} under {results / 'runs'}"
     lengths = sorted({T for r in newest.values() for (T, _, _) in _points(r, heads)})
@@ -74,18 +69,52 @@ def table(results: Path, device: str, heads: tuple[int, int], peer_name: str = "
     return "\n".join(lines)
 
 
+def _newest(results: Path, device: str) -> dict[tuple[str, str], RunRecord]:
+    newest: dict[tuple[str, str], RunRecord] = {}
+    for _, rec in load_records(results):
+        if rec.task != "kernels" or rec.status != "ok" or device_type_of(rec.device) != device:
+            continue
+        key = (rec.details["op"], rec.details.get("variant") or "default")
+        if key not in newest or rec.finished > newest[key].finished:
+            newest[key] = rec
+    return newest
+
+
+def breakdown(results: Path, device: str, heads: tuple[int, int], T: int, phase: str, peer_name: str = "fla") -> str:
+    """Per op, the kernels of ours and of the peer at one point (length T, `phase`), from the
+    newest record whose points carry a `kernels` breakdown (the kernels task's `profile`)."""
+    lines = []
+    for (op, variant), rec in sorted(_newest(results, device).items()):
+        pts = _points(rec, heads)
+        peer = PEER_BESIDE_FLA.get(op, "fla") if peer_name == "fla" else peer_name
+        for column in dict.fromkeys((rec.backend, peer)):
+            p = pts.get((T, phase, column))
+            if not p or "kernels" not in p:
+                continue
+            total = sum(r["us_per_call"] for r in p["kernels"])
+            lines.append(f"{op}{'' if variant == 'default' else f' ({variant})'} · {column} · {phase} T={T}: "
+                         f"{p['ms']:.3f} ms timed; the top kernels sum to {total / 1e3:.3f} ms")
+            lines += [f"    {r['us_per_call']:9.1f} us  x{r['launches_per_call']:g}  {r['name'][:90]}" for r in p["kernels"]]
+    return "\n".join(lines) or f"no kernels breakdown at T={T} {phase} (run the kernels task with profile=N)"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", type=Path, default=Path("results"))
     p.add_argument("--device", default="cuda", help="device type of the records (cuda or cpu)")
     p.add_argument("--heads", default="16x128", help="head shape HxK of the points to show")
     p.add_argument("--peer", default="fla", help="the backend ours is held to: fla (softmax: SDPA) or one of the op's")
+    p.add_argument("--breakdown", type=int, metavar="T", help="instead: the kernels of each op at length T")
+    p.add_argument("--phase", default="fwdbwd", choices=["fwd", "fwdbwd"], help="the phase of --breakdown")
     args = p.parse_args()
     try:
         H, K = (int(x) for x in args.heads.lower().split("x"))
     except ValueError:
         p.error(f"--heads takes HxK, e.g. 16x128 or 32x64; got {args.heads!r}")
-    print(table(args.results, args.device, (H, K), args.peer))
+    if args.breakdown:
+        print(breakdown(args.results, args.device, (H, K), args.breakdown, args.phase, args.peer))
+    else:
+        print(table(args.results, args.device, (H, K), args.peer))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from mixers import build_mixer, get_mixer, mixer_names
 from tasks.base import RunContext, Task, TaskConfig, TaskResult
 from tasks.common import flops as flop_counts
 from tasks.common.baselines import fla_status
+from tasks.common.kernel_profile import kernel_breakdown
 from tasks.common.layer_config import length_grid
 from tasks.common.timing import TimingConfig, cpu_threads, measure
 from tasks.common.workloads import DTYPES, op_inputs, phase_call
@@ -64,6 +65,9 @@ class KernelsConfig(TaskConfig):
         default_factory=dict,
         description="launch-setting changes per op, e.g. {gated_delta_rule: {wy_fwd: {BK: 32}}} (kernels/common/launch.py)")
     timing: TimingConfig = Field(default_factory=TimingConfig)
+    profile: int = Field(0, ge=0, description="record each point's top N kernels (CUDA) or operators (CPU) "
+                         "by time per call, under torch.profiler after the timing (tasks/common/kernel_profile.py); "
+                         "0: off")
     cpu_threads: int | None = Field(1, ge=1, description="torch intra-op threads on the CPU during the run")
 
     @field_validator("seq_lens")
@@ -174,9 +178,12 @@ class Kernels(Task):
                 point = {"op": spec.name, "variant": variant, "backend": column, "phase": phase, **shape}
                 if column == "fla":
                     point["kernel"] = fla.name
-                point.update(measure(partial(_call, spec, column, fla, options, phase, args), device, timing))
+                build = partial(_call, spec, column, fla, options, phase, args)
+                point.update(measure(build, device, timing))
                 if point["status"] == "ok":
                     _rates(point, spec, options, moved)
+                    if cfg.profile:
+                        point["kernels"] = kernel_breakdown(build(), device, top=cfg.profile)
                 points.append(point)
                 ctx.progress.advance(bar)
             del args

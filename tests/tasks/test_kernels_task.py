@@ -63,6 +63,22 @@ def test_triton_runs_under_the_interpreter_beside_torch(tmp_path):
     assert "triton_fwdbwd_ms@T16_H2_K16" in result.metrics
 
 
+def test_profile_records_each_points_top_operators(tmp_path):
+    result = _run(tmp_path, "gdn", "backends=[torch]", "seq_lens=[32]", "profile=4")
+    for p in result.details["points"]:
+        rows = p["kernels"]
+        assert 1 <= len(rows) <= 4 and all(r["us_per_call"] > 0 and r["launches_per_call"] > 0 for r in rows)
+        assert [r["us_per_call"] for r in rows] == sorted((r["us_per_call"] for r in rows), reverse=True)
+    assert "kernels" not in _run(tmp_path, "gdn", "backends=[torch]", "seq_lens=[32]").details["points"][0]
+
+
+def test_kernel_breakdown_refuses_empty_counts():
+    from tasks.common.kernel_profile import kernel_breakdown
+
+    with pytest.raises(ValueError, match="calls >= 1"):
+        kernel_breakdown(lambda: None, torch.device("cpu"), calls=0)
+
+
 def test_the_mixer_options_choose_the_variant_and_the_op_options(tmp_path):
     result = _run(tmp_path, "gla", "backends=[torch]", "phases=[fwd]", "mixer.gate=scalar", "mixer.chunk_size=16")
     assert result.details["variant"] == "scalar" and result.details["op_options"] == {"chunk_size": 16}
