@@ -75,9 +75,9 @@ def state_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def output_fwd_kernel(
-    q, k, u, h, gam, o, scale, T, NT, H,
+    q, k, u, h, gam, add, o, scale, T, NT, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, HAS_ADD: tl.constexpr, PREC: tl.constexpr,
 ):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -99,6 +99,8 @@ def output_fwd_kernel(
     b_a = causal_decay(b_a * scale, b_g, b_g, True, USE_G)
     b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
+    if HAS_ADD:  # a term of the caller's added before the one rounding to o's dtype
+        b_o += load_tile(add + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
@@ -141,10 +143,12 @@ def state_fwd(
 
 def output_fwd(
     q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, h: torch.Tensor,
-    gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK,
+    gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK, addend: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """O = diag(2^gamma) (scale Q) S_n + (scale Q K^T ⊙ Gamma) U per chunk: [B, T, H, V].
-    q, k: [B, T, H, K]; u: [B, T, H, V]; h: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None."""
+    """O = diag(2^gamma) (scale Q) S_n + (scale Q K^T ⊙ Gamma) U per chunk (+ addend): [B, T, H, V].
+    q, k: [B, T, H, K]; u: [B, T, H, V]; h: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None;
+    addend: [B, T, H, V] contiguous (any float dtype) or None, added in fp32 before O is
+    rounded to q's dtype."""
     B, T, H, K = q.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, chunk_size)
@@ -152,8 +156,8 @@ def output_fwd(
     cfg = delta_launch(gam is not None).output_fwd
     BV = block_size(V, cfg.BV)
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
-        q, k, u, h, gam if gam is not None else q, o, scale, T, NT,
+        q, k, u, h, gam if gam is not None else q, addend if addend is not None else q, o, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        PREC=dot_precision(q.dtype), num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
+        HAS_ADD=addend is not None, PREC=dot_precision(q.dtype), num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return o

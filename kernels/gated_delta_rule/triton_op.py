@@ -53,18 +53,21 @@ class DeltaOptions:
 
 
 class ChunkDeltaRuleFunction(torch.autograd.Function):
-    """(o, final_state) = gated delta rule; g None means the ungated delta rule."""
+    """(o, final_state) = gated delta rule (+ addend, a [B, T, H, V] term added to o before it
+    is rounded, or None); g None means the ungated delta rule."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions):
+    def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions, addend=None):
         ctx.launch = note_launch(delta_op(g is not None))
         h0 = initial_state.float().contiguous() if initial_state is not None else None
         gam, tm, w, u0 = wy_fwd(k, v, beta, g)
-        fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None)
+        # The state pass with the output fused into it takes no addend.
+        fused = addend is None and fused_output_applies(q.shape[0] * q.shape[2], g is not None)
         h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale)
         del u0
         if not fused:
-            o = output_fwd(q, k, u, h, gam, opts.scale)
+            o = output_fwd(q, k, u, h, gam, opts.scale, addend=addend)
+        ctx.addend_dtype = addend.dtype if addend is not None else None
         ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h)
         ctx.opts = opts
         ctx.g_dtype = g.dtype if g is not None else None
@@ -89,28 +92,31 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         dk, dv, dbeta, dg = wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, ctx.g_dtype)
         if dh0 is not None:
             dh0 = dh0.to(ctx.h0_dtype)
-        return dq, dk, dv, dg, dbeta, dh0, None
+        d_addend = do.to(ctx.addend_dtype) if getattr(ctx, "addend_dtype", None) is not None else None
+        return dq, dk, dv, dg, dbeta, dh0, None, d_addend
 
 
 @torch.library.custom_op(op_name("delta_rule_fwd"), mutates_args=())
 def delta_rule_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
-    scale: float, output_final_state: bool,
+    scale: float, output_final_state: bool, addend: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """ChunkDeltaRuleFunction's forward as a custom op. q, k: [B, T, H, K], v: [B, T, H, V]
-    (one dtype, contiguous); g | None, beta: [B, T, H]; initial_state [B, H, K, V] or None.
+    (one dtype, contiguous); g | None, beta: [B, T, H]; initial_state [B, H, K, V] or None;
+    addend [B, T, H, V] contiguous or None (added to o in fp32 before o is rounded).
     Returns o [B, T, H, V], the final state [B, H, K, V] fp32 (a placeholder unless
     output_final_state) and what the backward reads besides the inputs: gamma [B, T, H] fp32
     (cumulative log2-gates; a placeholder without g), Tm [B, T, H, 64], W [B, T, H, K], U [B, T, H, V] and the
     per-chunk states h [B, H, NT, K, V] (in q's dtype)."""
     ctx = FunctionContext()
-    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, k, v, g, beta, initial_state, DeltaOptions(scale, output_final_state))
+    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, k, v, g, beta, initial_state, DeltaOptions(scale, output_final_state),
+                                           addend)
     gam, tm, w, u, h = ctx.saved_tensors[4:]
     return o, or_placeholder(ht, q.device), or_placeholder(gam, q.device), tm, w, u, h
 
 
 @delta_rule_fwd.register_fake
-def _delta_rule_fwd_fake(q, k, v, g, beta, initial_state, scale, output_final_state):
+def _delta_rule_fwd_fake(q, k, v, g, beta, initial_state, scale, output_final_state, addend=None):
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = (T + CHUNK - 1) // CHUNK
@@ -132,7 +138,7 @@ def delta_rule_bwd(
     forward's launch settings (kernels/common/launch.encode)."""
     ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h), opts=DeltaOptions(scale, dht is not None),
                           g_dtype=g_dtype, h0_dtype=h0_dtype, launch=decode(delta_op(g_dtype is not None), launch))
-    dq, dk, dv, dg, dbeta, dh0, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
+    dq, dk, dv, dg, dbeta, dh0, *_ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
     return dq, dk, dv, or_placeholder(dg, q.device), dbeta, or_placeholder(dh0, q.device)
 
 
@@ -145,8 +151,9 @@ def _delta_rule_bwd_fake(do, dht, q, k, v, beta, gam, tm, w, u, h, scale, g_dtyp
 
 
 def _delta_rule_setup(ctx, inputs, output):
-    q, k, v, g, beta, initial_state, scale, output_final_state = inputs
+    q, k, v, g, beta, initial_state, scale, output_final_state, addend = inputs
     _, _, gam, tm, w, u, h = output
+    ctx.addend_dtype = addend.dtype if addend is not None else None
     ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h)
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.g_dtype = g.dtype if g is not None else None
@@ -164,7 +171,9 @@ def _delta_rule_backward(ctx, do, dht, *residual_grads):
     dq, dk, dv, dg, dbeta, dh0 = delta_rule_bwd(
         do, dht, q, k, v, beta, present(gam, has_g), tm, w, u, h, ctx.scale, ctx.g_dtype, ctx.h0_dtype, ctx.launch,
     )
-    return dq, dk, dv, present(dg, has_g), dbeta, present(dh0, has_h0), None, None
+    # o = the delta rule's output + addend: the addend's gradient is o's.
+    d_addend = do.to(ctx.addend_dtype) if ctx.addend_dtype is not None else None
+    return dq, dk, dv, present(dg, has_g), dbeta, present(dh0, has_h0), None, None, d_addend
 
 
 delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
@@ -172,12 +181,13 @@ delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule
 
 def delta_rule_apply(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
-    scale: float, output_final_state: bool,
+    scale: float, output_final_state: bool, addend: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The differentiable Triton gated delta rule (g None: the delta rule) on prepared inputs
-    (as delta_rule_fwd takes them). Returns (o [B, T, H, V], final state [B, H, K, V] fp32 or
-    None); gradients flow to q, k, v, g, beta and initial_state."""
-    o, ht, *_ = delta_rule_fwd(q, k, v, g, beta, initial_state, float(scale), bool(output_final_state))
+    (as delta_rule_fwd takes them), plus `addend` ([B, T, H, V] or None) added in fp32 before o
+    is rounded. Returns (o [B, T, H, V], final state [B, H, K, V] fp32 or None); gradients flow
+    to q, k, v, g, beta, initial_state and addend."""
+    o, ht, *_ = delta_rule_fwd(q, k, v, g, beta, initial_state, float(scale), bool(output_final_state), addend)
     return o, present(ht, output_final_state)
 
 

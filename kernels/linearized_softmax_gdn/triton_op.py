@@ -5,7 +5,7 @@ At absolute position t = count + 1, count + 2, ... (count = tokens already in th
     kbar_t = (k_sum + k_1 + ... + k_t) / t       vbar_t likewise, vbar_0 = 0
     key  u_t = k_t - kbar_t                       value (1 - 1/t) (v_t - vbar_{t-1})
     g_t = log(1 - 1/t)                            beta_t = 1 / (t - 1)
-    o_t = GDN(q, u, value, g, beta)_t + vbar_t
+    o_t = GDN(q, u, value, g, beta)_t + vbar_t   (the addition inside GDN's output kernel)
 
 At t = 1 the true gate is log 0 and beta is 1/0, but that step writes nothing and forgets
 everything: u_1 = 0 and the value is 0. So there g = 0 and beta = 1 (finite, and harmless as
@@ -141,11 +141,16 @@ def linearized_softmax_gdn_triton(
     beta = beta[None, :, None].expand(B, T, H).contiguous()
 
     h0 = initial_state.h if started else None
-    o, ht = delta_rule_apply(q.to(dt).contiguous(), key.contiguous(), value.contiguous(), gate, beta, h0,
-                             scale, output_final_state)
-    # o_t + vbar_t in fp32 (fp64 for fp64 inputs) and rounded once. In place: v_bar is a fresh
-    # tensor nobody saved for backward, so this spares an fp32 [B, T, H, V] temporary
-    o = v_bar.add_(o).to(out_dtype)
+    if out_dtype == torch.float64:
+        o, ht = delta_rule_apply(q.to(dt).contiguous(), key.contiguous(), value.contiguous(), gate, beta, h0,
+                                 scale, output_final_state)
+        # o_t + vbar_t in fp64, in place: v_bar is a fresh tensor nobody saved for backward
+        o = v_bar.add_(o)
+    else:
+        # + vbar_t inside the output kernel, in fp32 before o's one rounding: no pass over
+        # [B, T, H, V] after it
+        o, ht = delta_rule_apply(q.to(dt).contiguous(), key.contiguous(), value.contiguous(), gate, beta, h0,
+                                 scale, output_final_state, addend=v_bar)
     if not output_final_state:
         return o, None
     state = LinGDNState(h=ht.to(acc), k_sum=k_sum, v_sum=v_sum, count=count + T)

@@ -96,3 +96,21 @@ def test_delta_rule_apply_returns_none_without_a_final_state():
     t = _leaves()
     o, ht = delta_rule_apply(t["q"], t["k"], t["v"], None, t["beta"], None, 0.3, False)
     assert ht is None and o.shape == (B, T, H, V)
+
+
+def test_the_delta_rules_addend_is_added_before_rounding_and_gets_os_gradient():
+    """delta_rule_fwd's addend (lin_gdn's running mean of v): opcheck, bit identity with the
+    autograd.Function, o = o without it + addend, and the addend's gradient is o's."""
+    t = _leaves()
+    addend = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    tensors = [t["q"], t["k"], t["v"], t["g"], t["beta"], t["h0"]]
+    torch.library.opcheck(delta_rule_fwd, (*tensors, 0.3, True, addend))
+    ours = delta_rule_fwd(*tensors, 0.3, True, addend)[:2]
+    theirs = ChunkDeltaRuleFunction.apply(*tensors, DeltaOptions(0.3, True), addend)
+    (o1, g1), (o2, g2) = _outputs_and_grads(ours, [*tensors, addend]), _outputs_and_grads(theirs, [*tensors, addend])
+    assert all(torch.equal(a, b) for a, b in zip(o1, o2)) and all(torch.equal(a, b) for a, b in zip(g1, g2))
+    plain = delta_rule_fwd(*tensors, 0.3, True)[0]
+    torch.testing.assert_close(ours[0], plain + addend, rtol=1e-5, atol=1e-5)
+    do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(4))
+    (d_addend,) = torch.autograd.grad(delta_rule_apply(*tensors, 0.3, False, addend=addend)[0], [addend], do)
+    assert torch.equal(d_addend, do)
