@@ -24,6 +24,11 @@ from harness.records import RunRecord, device_type_of, load_records
 PEER_BESIDE_FLA = {"softmax_attention": "torch"}
 
 
+def _peer(op: str, peer_name: str) -> str:
+    """The backend an op's times are held to: FLA's kernel (or PEER_BESIDE_FLA's) for "fla"."""
+    return PEER_BESIDE_FLA.get(op, "fla") if peer_name == "fla" else peer_name
+
+
 def _points(record: RunRecord, heads: tuple[int, int]) -> dict[tuple[int, str, str], dict]:
     """(T, phase, backend) -> point of one record, for the head shape `heads` (H, K)."""
     out = {}
@@ -52,7 +57,7 @@ def table(results: Path, device: str, heads: tuple[int, int], peer_name: str = "
     lines = [f"| op | ours / peer | fwd {head} | fwd+bwd {head} | peer |", "|---|---|---|---|---|"]
     for (op, variant), rec in sorted(newest.items()):
         pts = _points(rec, heads)
-        peer = PEER_BESIDE_FLA.get(op, "fla") if peer_name == "fla" else peer_name
+        peer = _peer(op, peer_name)
         why = rec.details.get("backends", {}).get(peer, "not asked")
         cells = [" / ".join(_cell(pts, T, phase, rec.backend, peer) for T in lengths) for phase in ("fwd", "fwdbwd")]
         name = op if variant == "default" else f"{op} ({variant})"
@@ -86,7 +91,7 @@ def breakdown(results: Path, device: str, heads: tuple[int, int], T: int, phase:
     lines = []
     for (op, variant), rec in sorted(_newest(results, device).items()):
         pts = _points(rec, heads)
-        peer = PEER_BESIDE_FLA.get(op, "fla") if peer_name == "fla" else peer_name
+        peer = _peer(op, peer_name)
         for column in dict.fromkeys((rec.backend, peer)):
             p = pts.get((T, phase, column))
             if not p or "kernels" not in p:

@@ -92,7 +92,7 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         dk, dv, dbeta, dg = wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, ctx.g_dtype)
         if dh0 is not None:
             dh0 = dh0.to(ctx.h0_dtype)
-        d_addend = do.to(ctx.addend_dtype) if getattr(ctx, "addend_dtype", None) is not None else None
+        d_addend = do.to(ctx.addend_dtype) if ctx.addend_dtype is not None else None
         return dq, dk, dv, dg, dbeta, dh0, None, d_addend
 
 
@@ -137,8 +137,10 @@ def delta_rule_bwd(
     placeholder without a gate and dh0 (in h0_dtype) without an initial state. launch: the
     forward's launch settings (kernels/common/launch.encode)."""
     ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h), opts=DeltaOptions(scale, dht is not None),
-                          g_dtype=g_dtype, h0_dtype=h0_dtype, launch=decode(delta_op(g_dtype is not None), launch))
-    dq, dk, dv, dg, dbeta, dh0, *_ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
+                          g_dtype=g_dtype, h0_dtype=h0_dtype, addend_dtype=None,
+                          launch=decode(delta_op(g_dtype is not None), launch))
+    # the addend's gradient, do itself, is _delta_rule_backward's
+    dq, dk, dv, dg, dbeta, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
     return dq, dk, dv, or_placeholder(dg, q.device), dbeta, or_placeholder(dh0, q.device)
 
 

@@ -141,16 +141,14 @@ def linearized_softmax_gdn_triton(
     beta = beta[None, :, None].expand(B, T, H).contiguous()
 
     h0 = initial_state.h if started else None
-    if out_dtype == torch.float64:
-        o, ht = delta_rule_apply(q.to(dt).contiguous(), key.contiguous(), value.contiguous(), gate, beta, h0,
-                                 scale, output_final_state)
-        # o_t + vbar_t in fp64, in place: v_bar is a fresh tensor nobody saved for backward
+    # o_t + vbar_t: inside the output kernel, in fp32 before o's one rounding (no pass over
+    # [B, T, H, V] after it); for fp64 inputs in fp64 after it, in place (v_bar is a fresh
+    # tensor nobody saved for backward)
+    fp64 = out_dtype == torch.float64
+    o, ht = delta_rule_apply(q.to(dt).contiguous(), key.contiguous(), value.contiguous(), gate, beta, h0,
+                             scale, output_final_state, addend=None if fp64 else v_bar)
+    if fp64:
         o = v_bar.add_(o)
-    else:
-        # + vbar_t inside the output kernel, in fp32 before o's one rounding: no pass over
-        # [B, T, H, V] after it
-        o, ht = delta_rule_apply(q.to(dt).contiguous(), key.contiguous(), value.contiguous(), gate, beta, h0,
-                                 scale, output_final_state, addend=v_bar)
     if not output_final_state:
         return o, None
     state = LinGDNState(h=ht.to(acc), k_sum=k_sum, v_sum=v_sum, count=count + T)

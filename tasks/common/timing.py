@@ -7,9 +7,8 @@ triton.testing.do_bench and a training loop run them): an op's host work (argume
 Python-side launches) overlaps the GPU's and is counted only where it is the bottleneck.
 sync="each" waits after every call instead, so that each call's host time before its first
 kernel is counted as well. On the CPU each call is timed with time.perf_counter (CPU ops are
-synchronous). The number of timed
-calls adapts to the cost of one call so that a point takes about `target_ms` of measured
-time, between `min_repeats` and `max_repeats` calls. The tasks never import triton, so this
+synchronous). The number of timed calls adapts to the cost of one call so that a point takes
+about `target_ms` of measured time, between `min_repeats` and `max_repeats` calls. The tasks never import triton, so this
 is our own do_bench-like loop rather than triton.testing.do_bench.
 """
 
