@@ -8,6 +8,7 @@
 # (or unpack them into .resume-carry/) and carry it on the next call, and those runs go on from
 # their last epoch. Logs come back in logs.tgz, the background GPU tests' in gpu_tests.tgz.
 #   SWEEP=configs/mqar-paper.yaml DEADLINE_S=570 PACK=6 bash benchmarks/h200_mqar.sh
+# SWEEP_ARGS: more options of `harness sweep` (e.g. --mixer softmax).
 # From a snapshot (benchmarks/devtree.sh builds .devtree with the wheels and resume states):
 #   cd .devtree && TESTS=0 ALONE=0 PACK=4 DEADLINE_S=555 bash benchmarks/h200_mqar.sh   (carry [".devtree"])
 # TESTS=0, ALONE=0 skip those parts (TEST_FILES: other test files); TESTS_BG=1 runs the GPU test
@@ -16,7 +17,8 @@
 # (GPU_ERRORS_JSON) in $OUT/gpu_tests/; PROFILE=1 adds benchmarks/mqar_step_profile.py first
 # (PROFILE_BACKENDS=torch,triton to compare the backends, PROFILE_PRECISIONS=highest,high fp32
 # against TF32 matmuls, PROFILE_COMPILE=none,inductor eager against torch.compile'd steps,
-# PROFILE_MIXERS which mixers, PROFILE_S its time limit).
+# PROFILE_MIXERS which mixers, PROFILE_S its time limit); MPS=1 shares the GPU between the packed
+# runs through CUDA's Multi-Process Service.
 set -o pipefail
 T0=$(date +%s)
 source benchmarks/device_preamble.sh
@@ -38,6 +40,24 @@ nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 15 
 # The device call lasts until every process it started exits: stop the two loops at the end.
 trap 'kill $(jobs -p) 2>/dev/null' EXIT
 h() { python3 -m harness.cli "$@"; }
+# MPS=1: the runs packed on the GPU share it through CUDA's Multi-Process Service, so kernels of
+# different runs execute at once instead of time-slicing the GPU between processes. The daemon is
+# per user and leaves the card's compute mode as it is; if a CUDA client cannot start under it,
+# the daemon quits and the sweep runs without it (the log says which).
+if [ "${MPS:-0}" != 0 ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d && timeout 90 python3 -c "import torch; x = torch.ones(4, device='cuda'); print('mps client ok', float(x.sum()))"; then
+        echo "== MPS on" | tee -a "$LOGS/mps.log"
+        MPS_ON=1
+        trap 'echo quit | nvidia-cuda-mps-control; kill $(jobs -p) 2>/dev/null' EXIT
+    else
+        echo "== MPS could not start: running without it" | tee -a "$LOGS/mps.log"
+        echo quit | nvidia-cuda-mps-control 2>/dev/null
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    fi
+    cp -r /tmp/mps-log "$LOGS/" 2>/dev/null
+fi
 if [ "${TESTS:-1}" != 0 ]; then
     echo "== GPU tests: ${TEST_FILES:=tests/tasks/test_graphed_step.py}"
     TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider $TEST_FILES 2>&1 | tail -n 15 | tee "$LOGS/tests.log"
@@ -77,8 +97,10 @@ for sweep in $SWEEP; do
     name=$(basename "$sweep" .yaml)
     echo "== sweep $sweep, $PACK runs on the GPU, ${left}s"
     s=$(date +%s)
-    timeout "$left" python3 -m harness.cli sweep "$sweep" --executor gpus --runs-per-gpu "$PACK" --results "$R/sweep" \
-        --no-wandb >"$LOGS/sweep-$name.log" 2>&1
+    # SIGINT, not TERM: the workers stop through KeyboardInterrupt and exit cleanly, writing no
+    # failed record (under MPS a client killed mid-kernel faults the clients beside it).
+    timeout -s INT -k 20 "$left" python3 -m harness.cli sweep "$sweep" --executor gpus --runs-per-gpu "$PACK" --results "$R/sweep" \
+        --no-wandb $SWEEP_ARGS >"$LOGS/sweep-$name.log" 2>&1
     echo "sweep $name rc $? wall $(( $(date +%s) - s )) s" | tee -a "$LOGS/sweep-$name.log"
     tail -n 30 "$LOGS/sweep-$name.log"
 done
@@ -88,10 +110,29 @@ if [ ${#BG_TESTS[@]} -gt 0 ]; then
     # One archive: a call brings back only so many files.
     tar czf "$OUT/gpu_tests.tgz" -C "$OUT" gpu_tests && rm -rf "$OUT/gpu_tests"
 fi
-tar czf "$OUT/records.tgz" --exclude=.resume -C "$R" .
+# Under MPS, stopping the sweep at its deadline faults the runs still in flight (every one
+# records "illegal memory access" within the same second; their epoch-end states are intact and
+# resume). Those records say nothing about the runs: they go to $R/stopped, named in the log.
+if [ "${MPS_ON:-0}" = 1 ]; then
+    python3 - "$R" "$(date +%s)" <<'PY' | tee "$LOGS/stopped.txt"
+import datetime, json, shutil, sys
+from pathlib import Path
+root, now = Path(sys.argv[1]), float(sys.argv[2])
+(root / "stopped").mkdir(exist_ok=True)
+for rec in sorted((root / "sweep" / "runs").glob("*/*.json")):
+    data = json.loads(rec.read_text())
+    ended = datetime.datetime.fromisoformat(data["finished"]).timestamp()
+    if data["status"] == "failed" and "illegal memory access" in (data["error"] or "") and now - ended < 120:
+        shutil.move(rec, root / "stopped" / rec.name)
+        print(f"stopped at the deadline, record set aside: {rec.name}")
+PY
+fi
+tar czf "$OUT/records.tgz" --exclude=.resume --exclude=stopped -C "$R" .
 for f in "$R"/sweep/.sweep/logs/*; do echo "== $f"; tail -n 3 "$f"; done 2>/dev/null | tail -n 60 >"$LOGS/workers_tail.log"
 if [ -n "$(ls -A "$R/sweep/.resume" 2>/dev/null)" ]; then
-    tar czf - -C "$R/sweep/.resume" . | split -b 15m - "$OUT/resume.tgz.part-"
+    # A call returns at most 64 MiB: the states furthest along come back, up to RESUME_MB.
+    ( cd "$R/sweep/.resume" && PYTHONPATH="$OLDPWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m benchmarks.resume_pick --budget-mb "${RESUME_MB:-48}" . ) >"$LOGS/resume_pick.txt"
+    tar czf - -C "$R/sweep/.resume" -T "$LOGS/resume_pick.txt" | split -b 15m - "$OUT/resume.tgz.part-"
 fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
 ls -la "$OUT"
