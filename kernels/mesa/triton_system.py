@@ -19,9 +19,8 @@ mat-vec ("ieee" for fp32 inputs, "tf32" or "tf32x3" for 16-bit inputs on a GPU).
 Row vectors of a block are indexed by i (rows of the block), columns by j (tokens of the chunk).
 
 The CG programs load H0^T and the chunk's keys once and hold them on chip through every
-iteration (no global reads inside the loop). An earlier streaming form, which re-read them
-for each mat-vec, was removed in session 4: every later speed-up (32-row programs, the
-cheaper prologue, fp16 operands) was built on the resident form, the one GPU-tested since.
+iteration (no global reads inside the loop), so each mat-vec of the loop reads only on-chip
+tiles; the 32-row programs, the prologue and the fp16 operands all assume this resident form.
 """
 
 from __future__ import annotations
