@@ -1,5 +1,6 @@
 """Leaderboard tables derived only from run records: the best run per mixer within each
-task setting (same task, preset, device and setting fields), with the config that got it."""
+task setting (same task, preset, device and setting fields, and one table per value of the
+task's board_split fields), with the config that got it."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class Board:
     task: str
     preset: str
     device: str
-    setting: str
+    setting: str  # hash of the setting fields, then the board_split values ("a55e584a · d_model 64")
     metric: str
     higher_is_better: bool
     columns: list[str]
@@ -37,6 +38,22 @@ class Board:
     @property
     def title(self) -> str:
         return f"{self.task} · preset {self.preset} · {self.device} · setting {self.setting}"
+
+
+def _dotted(config: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path of a nested config ("model.d_model"), None where absent."""
+    value: Any = config
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _split_label(task: type[Task], config: dict[str, Any]) -> tuple[tuple, str]:
+    """(sort key, label) of a record's values of the task's board_split fields: numbers in
+    numeric order, the label as 'd_model 64'."""
+    values = [_dotted(config, f) for f in task.board_split]
+    key = tuple((not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else 0, str(v)) for v in values)
+    return key, " · ".join(f"{f.rsplit('.', 1)[-1]} {v}" for f, v in zip(task.board_split, values))
 
 
 def _task_meta(name: str) -> type[Task]:
@@ -94,9 +111,10 @@ def build_boards(results: Path) -> tuple[list[Board], int]:
         skey = hashlib.sha256(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:8]
         class_only = task.board_device == "class" and device_type_of(rec.device) == "cpu"
         device = "cpu" if class_only else rec.device
-        groups[(rec.task, rec.preset, device, skey)].append((path, rec))
+        split_key, split = _split_label(task, rec.config)
+        groups[(rec.task, rec.preset, device, skey, split_key, split)].append((path, rec))
     boards = []
-    for (task_name, preset, device, skey), items in sorted(groups.items()):
+    for (task_name, preset, device, skey, _, split), items in sorted(groups.items()):
         task = _task_meta(task_name)
         metric = task.primary_metric
         best: dict[str, tuple[Path, RunRecord]] = {}
@@ -117,7 +135,8 @@ def build_boards(results: Path) -> tuple[list[Board], int]:
         extra = sorted({m for _, r in best.values() for m in r.metrics if m.startswith(f"{metric}_")
                         and (not task.board_metrics or re.fullmatch(task.board_metrics, m))})
         columns = list(dict.fromkeys([metric, *extra, *shown]))  # a shown metric may also be an accuracy_* extra
-        board = Board(task_name, preset, device, skey, metric, task.higher_is_better, columns)
+        setting = f"{skey} · {split}" if split else skey
+        board = Board(task_name, preset, device, setting, metric, task.higher_is_better, columns)
         ranked = sorted(best.values(), key=lambda pr: pr[1].metrics[metric], reverse=task.higher_is_better)
         for path, rec in ranked:
             board.rows.append({

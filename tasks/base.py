@@ -114,6 +114,9 @@ class Task:
     # Which runs share a board: all CPUs together and each GPU model ("class": results that do not
     # depend on the processor, such as accuracy), or each exact CPU and GPU model ("model": timings).
     board_device: ClassVar[Literal["class", "model"]] = "class"
+    # Config fields (dotted paths, e.g. "model.d_model") whose values split a setting's board:
+    # one table per value, so a width sweep shows each mixer's best run at every width.
+    board_split: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def check_mixer(cls, mixer: str) -> None:

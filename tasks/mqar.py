@@ -115,6 +115,7 @@ class MQAR(Task):
     setting_fields = ("vocab_size", "power_a", "random_non_queries", "train", "test")
     shown_metrics = ("params", "state_size", "train_time_s")
     board_metrics = r"accuracy_(pooled|kv\d+)"  # per-setting figures: the record and the dashboard
+    board_split = ("model.d_model",)  # Zoology's accuracy-vs-width figure: the best lr at each width
     presets = {
         # Calibrated on 2 CPU cores: a few minutes per mixer, and softmax clearly above linear.
         # The gated mixers run without the SiLU output gate (RMSNorm kept), as Zoology runs

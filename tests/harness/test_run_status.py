@@ -241,3 +241,19 @@ def test_boards_join_cpus_for_accuracy_and_split_them_for_timings(tmp_path):
         by_task.setdefault(b.task, []).append(b.device)
     assert by_task["mqar"] == ["cpu"]
     assert sorted(by_task["throughput"]) == ["cpu: AMD EPYC 7B13", "cpu: Intel Xeon 8480"]
+
+
+def test_mqar_boards_split_by_width_best_lr_at_each(tmp_path, monkeypatch):
+    """One MQAR table per d_model (the task's board_split), each with the best lr of a mixer at
+    that width, widths in numeric order."""
+    task = get_task("mqar")
+    accuracy = {(64, 1e-2): 0.5, (64, 1e-3): 0.6, (128, 1e-2): 0.9, (128, 1e-3): 0.8}
+    for (width, lr), acc in accuracy.items():
+        spec = _spec(sets=[f"model.d_model={width}", f"optim.lr={lr}"])
+        monkeypatch.setattr(task, "run", lambda self, ctx, acc=acc: TaskResult({"accuracy": acc}, "torch"))
+        execute(spec, tmp_path, Tracker(enabled=False))
+    boards, count = build_boards(tmp_path)
+    assert count == 4
+    assert [b.setting.split(" · ", 1)[1] for b in boards] == ["d_model 64", "d_model 128"]
+    assert [(b.rows[0]["accuracy"], b.rows[0]["runs"]) for b in boards] == [(0.6, 2), (0.9, 2)]
+    assert "optim.lr=0.001" in boards[0].rows[0]["config"] and "d_model 64" in to_markdown(boards, count, tmp_path)
