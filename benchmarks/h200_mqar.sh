@@ -97,8 +97,8 @@ for sweep in $SWEEP; do
     name=$(basename "$sweep" .yaml)
     echo "== sweep $sweep, $PACK runs on the GPU, ${left}s"
     s=$(date +%s)
-    # SIGINT, not TERM: the workers stop through KeyboardInterrupt and exit cleanly, writing no
-    # failed record (under MPS a client killed mid-kernel faults the clients beside it).
+    # SIGINT, not TERM: the workers stop through KeyboardInterrupt, which writes no record; under
+    # MPS the runs in flight fault all the same (the records set aside below).
     timeout -s INT -k 20 "$left" python3 -m harness.cli sweep "$sweep" --executor gpus --runs-per-gpu "$PACK" --results "$R/sweep" \
         --no-wandb $SWEEP_ARGS >"$LOGS/sweep-$name.log" 2>&1
     echo "sweep $name rc $? wall $(( $(date +%s) - s )) s" | tee -a "$LOGS/sweep-$name.log"

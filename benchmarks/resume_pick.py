@@ -11,13 +11,13 @@ from pathlib import Path
 
 
 def progress(state: Path) -> float:
-    """Fraction of its training steps a saved state has run (0 for one that cannot be read)."""
+    """Fraction of its training steps a saved state has run; -1 for one that cannot be read."""
     import torch
 
     try:
         saved = torch.load(state, map_location="cpu", weights_only=False)
         return saved["progress"]["step"] / max(1, saved["total_steps"])
-    except Exception as e:  # noqa: BLE001 - an unreadable state is listed last, and said so
+    except Exception as e:  # noqa: BLE001 - an unreadable state is left out, and said so
         print(f"resume_pick: {state} unreadable ({type(e).__name__}), left out", file=sys.stderr)
         return -1.0
 

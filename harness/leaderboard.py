@@ -40,18 +40,11 @@ class Board:
         return f"{self.task} · preset {self.preset} · {self.device} · setting {self.setting}"
 
 
-def _dotted(config: dict[str, Any], path: str) -> Any:
-    """The value at a dotted path of a nested config ("model.d_model"), None where absent."""
-    value: Any = config
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
-
-
 def _split_label(task: type[Task], config: dict[str, Any]) -> tuple[tuple, str]:
     """(sort key, label) of a record's values of the task's board_split fields: numbers in
     numeric order, the label as 'd_model 64'."""
-    values = [_dotted(config, f) for f in task.board_split]
+    flat = flatten_config(config) if task.board_split else {}
+    values = [flat.get(f) for f in task.board_split]
     key = tuple((not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else 0, str(v)) for v in values)
     return key, " · ".join(f"{f.rsplit('.', 1)[-1]} {v}" for f, v in zip(task.board_split, values))
 
