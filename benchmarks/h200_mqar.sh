@@ -91,7 +91,25 @@ if [ "${PROFILE:-0}" != 0 ]; then
         --backends "${PROFILE_BACKENDS:-torch}" --precisions "${PROFILE_PRECISIONS:-highest}" \
         --compile "${PROFILE_COMPILE:-none}" --mixers "${PROFILE_MIXERS:-gdn,softmax,deltanet,mesa}" 2>&1 | tail -n 20 | tee "$LOGS/profile.log"
 fi
+# A sweep file that compiles its steps (optim.compile: true) is checked first on this GPU: one
+# compiled GDN step against the eager one. If that fails, the sweep runs eagerly (a copy of the
+# file with compile off; records then say compiled false) and the log says why.
+# Inductor's compile workers per run: the packed runs share the host's cores and memory.
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-4}
+SWEEPS=""
 for sweep in $SWEEP; do
+    if grep -q "optim.compile: true" "$sweep"; then
+        if timeout 240 python3 -m benchmarks.compile_check >"$LOGS/compile_check.log" 2>&1; then
+            echo "== compile check passed: $(tail -n 1 "$LOGS/compile_check.log")"
+        else
+            echo "== compile check FAILED (rc $?), $sweep runs eagerly:"; tail -n 5 "$LOGS/compile_check.log"
+            eager=/tmp/$(basename "$sweep" .yaml)-eager.yaml
+            sed 's/optim.compile: true/optim.compile: false/' "$sweep" >"$eager" && sweep=$eager
+        fi
+    fi
+    SWEEPS="$SWEEPS $sweep"
+done
+for sweep in $SWEEPS; do
     left=$(( DEADLINE_S - ($(date +%s) - T0) ))
     [ "$left" -gt 30 ] || break
     name=$(basename "$sweep" .yaml)

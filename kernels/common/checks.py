@@ -80,16 +80,18 @@ def check_gate(op: str, g: torch.Tensor, B: int, T: int, H: int, K: int, allow_v
     """Check a log-space gate g of shape [B, T, H] (or [B, T, H, K] when allowed), floating,
     on `device` when given, and (see reads_values) g <= 0 everywhere. Returns True for a
     vector gate."""
-    valid = f"[{B}, {T}, {H}]" + (f" or [{B}, {T}, {H}, {K}]" if allow_vector else "")
+    def valid() -> str:  # formatted only on an error: formatting sizes pins them under torch.compile
+        return f"[{B}, {T}, {H}]" + (f" or [{B}, {T}, {H}, {K}]" if allow_vector else "")
+
     if not isinstance(g, torch.Tensor):
-        raise ValueError(f"{op}: g must be a torch.Tensor of shape {valid}, got {type(g).__name__}")
+        raise ValueError(f"{op}: g must be a torch.Tensor of shape {valid()}, got {type(g).__name__}")
     _float_on(op, "g", g, device)
     if tuple(g.shape) == (B, T, H):
         vector = False
     elif allow_vector and tuple(g.shape) == (B, T, H, K):
         vector = True
     else:
-        raise ValueError(f"{op}: g must have shape {valid}, got {_shape(g)}")
+        raise ValueError(f"{op}: g must have shape {valid()}, got {_shape(g)}")
     if not reads_values(g, check_values):
         return vector
     with torch.no_grad():
@@ -163,9 +165,9 @@ def check_step_gate(op: str, g_t: torch.Tensor, B: int, H: int, K: int | None = 
     """Check one token's log-gate g_t: [B, H] (or [B, H, K] when K is given), and its values
     <= 0 unless a graph is being captured (graph_capturing)."""
     shapes = [(B, H)] + ([(B, H, K)] if K is not None else [])
-    valid = " or ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes)
     if not isinstance(g_t, torch.Tensor) or tuple(g_t.shape) not in shapes:
         got = _shape(g_t) if isinstance(g_t, torch.Tensor) else type(g_t).__name__
+        valid = " or ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes)
         raise ValueError(f"{op}: g_t must have shape {valid}, got {got}")
     if graph_capturing(g_t):
         return

@@ -13,6 +13,7 @@ optimiser state live outside the pool).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,6 +48,7 @@ class GraphedSteps:
         self.captured: dict[tuple[int, int, int], _Captured] = {}
         self.side = torch.cuda.Stream()
         self.graph_steps = 0
+        self.new_shape_s = 0.0  # wall time of the first step of each shape: compile and capture
 
     def step(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:
         """Train on tokens, labels [B, T] (on the GPU) with `scored` labelled positions.
@@ -62,12 +64,17 @@ class GraphedSteps:
             self.graph_steps += 1
             return hit.loss
         # The first batch of a new shape: a real step, eager, on a side stream as capture wants.
+        # Timed to the GPU's end (a few syncs a run) so a record can say what warm-up costs.
+        torch.cuda.synchronize()
+        start = time.perf_counter()
         self.side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.side):
             loss = self._eager(tokens, labels, scored)
         torch.cuda.current_stream().wait_stream(self.side)
         if len(self.captured) < MAX_GRAPHS:
             self.captured[key] = self._capture(tokens, labels, scored)
+        torch.cuda.synchronize()
+        self.new_shape_s += time.perf_counter() - start
         return loss
 
     def _eager(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:

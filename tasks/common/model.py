@@ -191,10 +191,17 @@ class MixerLM(nn.Module):
             logits = self(tokens, mask)
             targets = labels[mask]
         else:
-            where = scored_positions(labels, scored)
-            h = self.hidden(tokens)
-            logits = self.head(h.reshape(-1, h.shape[-1]).index_select(0, where))
-            targets = labels.reshape(-1).index_select(0, where)
+            return self.loss_at(tokens, labels, scored_positions(labels, scored))
+        return F.cross_entropy(logits.float(), targets), logits.argmax(-1), targets
+
+    def loss_at(self, tokens: torch.Tensor, labels: torch.Tensor,
+                where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """loss with the scored positions given: where [N] indexes the flattened [B * T] labels
+        (scored_positions). Its shapes follow the tensors alone, so torch.compile can treat the
+        batch and the scored count as dynamic."""
+        h = self.hidden(tokens)
+        logits = self.head(h.reshape(-1, h.shape[-1]).index_select(0, where))
+        targets = labels.reshape(-1).index_select(0, where)
         return F.cross_entropy(logits.float(), targets), logits.argmax(-1), targets
 
     @classmethod

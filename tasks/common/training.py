@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.base import RunContext, RunDiverged
 from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw, optimizer_step, set_lr
-from tasks.common.model import MixerLM
+from tasks.common.model import MixerLM, scored_positions
 from tasks.common.resume import SavedProgress, load_state, save_state
 
 LOSS_READ_EVERY = 25  # graphed steps between host reads of the loss
@@ -49,8 +49,8 @@ class TrainConfig(BaseModel):
         False, description="replay each training step as a CUDA graph (one launch a step): true needs a CUDA "
         "device, auto uses graphs on CUDA and eager steps elsewhere")
     compile: bool = Field(
-        False, description="torch.compile the training step's forward and backward (static shapes, one "
-        "compile per batch shape; Inductor fuses the chunkwise ops' elementwise passes). An execution "
+        False, description="torch.compile the training step's forward and backward (one graph per sequence "
+        "length, the batch dynamic; Inductor fuses the chunkwise ops' elementwise passes). An execution "
         "choice like cuda_graph: it changes rounding, not the experiment, so it is not part of a run's key")
     matmul_precision: Literal["highest", "high"] = Field(
         "highest", description="float32 matrix products while training and scoring: highest is true fp32 "
@@ -82,6 +82,8 @@ class TrainStats:
     step_mode: str = "eager"  # "eager" or "cuda_graph"
     graph_steps: int = 0  # steps replayed from a CUDA graph (the rest ran eagerly)
     graphs: int = 0  # batch shapes captured
+    compiled: bool = False  # the loss ran under torch.compile (optim.compile)
+    new_shape_s: float = 0.0  # this process's first steps of each batch shape (compile, capture)
     resumed_at_epoch: int | None = None  # epochs a previous, cut-short run had finished (tasks.common.resume)
 
 
@@ -141,14 +143,29 @@ def float32_matmul(precision: str) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
-COMPILED_SHAPES = 64  # batch shapes a compiled loss specialises to before dynamo gives up on one
+COMPILED_SHAPES = 64  # graphs a compiled loss keeps before dynamo gives up on a new one
 
 
 def compiled_loss(model: MixerLM) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """model.loss under torch.compile, specialised to each batch shape (a recall task has a few:
-    one per setting and its last, partial batch). Evaluation keeps the eager model."""
+    """model.loss with its forward and backward under torch.compile: one graph per sequence
+    length, the batch dimension and the scored count dynamic (a recall task's settings differ
+    in length, and each one's last batch is partial). The sequence length stays static: the
+    chunkwise ops' state pass is a Python loop over chunks. Evaluation keeps the eager model."""
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, COMPILED_SHAPES)
-    return torch.compile(model.loss, dynamic=False)
+    inner = torch.compile(model.loss_at)
+
+    def loss(tokens: torch.Tensor, labels: torch.Tensor,
+             scored: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if scored is None:  # eager steps count on the host; graphed steps pass the count
+            scored = int((labels != -100).sum())
+        where = scored_positions(labels, scored)
+        for t in (tokens, labels, where):
+            torch._dynamo.mark_dynamic(t, 0)
+        for t in (tokens, labels):  # a new length is a new graph, not a dynamic length
+            torch._dynamo.mark_static(t, 1)
+        return inner(tokens, labels, where)
+
+    return loss
 
 
 def uses_cuda_graph(cfg: TrainConfig, device: torch.device) -> bool:
@@ -271,6 +288,7 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
     ctx.progress.remove_task(bar)
     stats.steps, stats.final_loss, stats.train_time_s = step, loss_value, trained_s()
     stats.graph_steps, stats.graphs = graph_steps(), len(runner.captured) if runner is not None else 0
+    stats.compiled, stats.new_shape_s = cfg.compile, runner.new_shape_s if runner is not None else 0.0
     return stats
 
 
@@ -278,7 +296,8 @@ def step_details(stats: TrainStats) -> dict[str, object]:
     """How the training steps ran, for a record's details."""
     return {"mode": stats.step_mode, "steps": stats.steps, "graph_steps": stats.graph_steps, "graphs": stats.graphs,
             "steps_per_s": stats.steps / stats.train_time_s if stats.train_time_s > 0 else None,
-            "resumed_at_epoch": stats.resumed_at_epoch}
+            "resumed_at_epoch": stats.resumed_at_epoch, "compiled": stats.compiled,
+            "new_shape_s": stats.new_shape_s if stats.step_mode == "cuda_graph" else None}
 
 
 def _read_loss(loss: torch.Tensor, step: int, epoch: int) -> float:

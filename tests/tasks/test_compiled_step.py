@@ -52,3 +52,21 @@ def test_compile_is_not_part_of_the_run_key():
     assert config_hash("gdn", "mqar", recorded, 0) == config_hash("gdn", "mqar", base, 0)
     other_lr = {**base, "optim": {**base["optim"], "lr": 0.5}}
     assert config_hash("gdn", "mqar", other_lr, 0) != config_hash("gdn", "mqar", base, 0)
+
+
+def test_compiled_loss_keeps_one_graph_per_length_across_batch_sizes():
+    # A recall task's last batch of each setting is partial: with the batch dynamic it reuses
+    # its length's graph instead of compiling again; a new length is a new graph.
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # graphs other tests compiled for this code would be reused here
+    g = torch.Generator().manual_seed(5)
+    model = _lm("gdn")
+    loss_fn = compiled_loss(model)
+    before = counters["stats"]["unique_graphs"]
+    for rows, length in ((8, 12), (5, 12), (3, 12), (8, 24)):
+        x, y = torch.randint(0, 32, (rows, length), generator=g), torch.randint(0, 32, (rows, length), generator=g)
+        y[:, ::2] = -100
+        scored = int((y != -100).sum())
+        torch.testing.assert_close(loss_fn(x, y, scored)[0], model.loss(x, y, scored)[0], rtol=1e-5, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] - before == 2
