@@ -186,12 +186,11 @@ class MixerLM(nn.Module):
 
         tokens, labels: [B, T]. scored: the number of such positions when the caller knows it;
         the positions are then found without a host sync (CUDA-graph capture needs this)."""
-        if scored is None:
-            mask = labels != -100
-            logits = self(tokens, mask)
-            targets = labels[mask]
-        else:
+        if scored is not None:
             return self.loss_at(tokens, labels, scored_positions(labels, scored))
+        mask = labels != -100
+        logits = self(tokens, mask)
+        targets = labels[mask]
         return F.cross_entropy(logits.float(), targets), logits.argmax(-1), targets
 
     def loss_at(self, tokens: torch.Tensor, labels: torch.Tensor,
