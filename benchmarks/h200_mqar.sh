@@ -92,17 +92,28 @@ if [ "${PROFILE:-0}" != 0 ]; then
         --compile "${PROFILE_COMPILE:-none}" --mixers "${PROFILE_MIXERS:-gdn,softmax,deltanet,mesa}" 2>&1 | tail -n 20 | tee "$LOGS/profile.log"
 fi
 # A sweep file that compiles its steps (optim.compile: true) is checked first on this GPU: one
-# compiled GDN step against the eager one. If that fails, the sweep runs eagerly (a copy of the
+# compiled step of each mixer of COMPILE_CHECK_MIXERS (default gdn) against the eager one. If that fails, the sweep runs eagerly (a copy of the
 # file with compile off; records then say compiled false) and the log says why.
 # Inductor's compile workers per run: the packed runs share the host's cores and memory.
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-4}
 SWEEPS=""
 for sweep in $SWEEP; do
     if grep -q "optim.compile: true" "$sweep"; then
-        if timeout 240 python3 -m benchmarks.compile_check >"$LOGS/compile_check.log" 2>&1; then
-            echo "== compile check passed: $(tail -n 1 "$LOGS/compile_check.log")"
+        # One check per mixer of COMPILE_CHECK_MIXERS, side by side (each is mostly compile time).
+        checks=()
+        for mixer in ${COMPILE_CHECK_MIXERS:-gdn}; do
+            timeout 300 python3 -m benchmarks.compile_check --mixer "$mixer" >"$LOGS/compile_check-$mixer.log" 2>&1 &
+            checks+=("$mixer:$!")
+        done
+        failed=""
+        for c in "${checks[@]}"; do
+            wait "${c#*:}" || failed="$failed ${c%%:*}"
+            echo "== compile check ${c%%:*}: $(tail -n 1 "$LOGS/compile_check-${c%%:*}.log")"
+        done
+        if [ -z "$failed" ]; then
+            echo "== compile checks passed"
         else
-            echo "== compile check FAILED (rc $?), $sweep runs eagerly:"; tail -n 5 "$LOGS/compile_check.log"
+            echo "== compile check FAILED for$failed, $sweep runs eagerly"
             eager=/tmp/$(basename "$sweep" .yaml)-eager.yaml
             sed 's/optim.compile: true/optim.compile: false/' "$sweep" >"$eager" && sweep=$eager
         fi

@@ -13,7 +13,8 @@ with M symmetric and a loss L, let y = M^{-1} dL/dx (a second CG). Then
     dL/db = y,     dL/dM = -y x^T   (per token),
 and since every M_i is linear in (H0, k k^T, beta, lamb) through the mat-vec, the gradient
 for k, beta, g, lamb and H0 is that of the scalar  -sum_i y_i^T M_i x_i  with x and y
-held fixed: we evaluate it with autograd on one mat-vec.
+held fixed, in closed form (ChunkSystem.bilinear_grads): no autograd call nests inside the
+backward, so torch.compile traces the whole training step.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from kernels.common.chunking import merge_chunks, split_chunks
 from kernels.mesa.cg import conjugate_gradient
 from kernels.mesa.state import MesaState, compute_dtype
-from kernels.mesa.system import build_system, chunk_start_states, intra_chunk_decay
+from kernels.mesa.system import ChunkSystem, build_system, chunk_start_states
 
 
 @dataclass(frozen=True)
@@ -41,37 +41,28 @@ class CGOptions:
 class _MesaSolve(torch.autograd.Function):
     """q* = M^{-1} b for every token of every chunk, M held implicitly (see module doc).
 
-    b, keys: [B, H, N, C, K]; beta, g (log-gates): [B, H, N, C]; lamb: [H, K]; h0: [B, H, N, K, K].
+    b: [B, H, N, C, K]; the system's tensors as ChunkSystem holds them: decay [B, H, N, C],
+    h0 [B, H, N, K, K], keys [B, H, N, C, K], gamma_beta [B, H, N, C, C], lamb [H, K].
+    Autograd carries the gradients of decay and gamma_beta on to g and beta.
     """
 
     @staticmethod
-    def forward(ctx, b, keys, beta, g, lamb, h0, options: CGOptions):
-        system = build_system(keys, beta, g, lamb, h0)
+    def forward(ctx, b, decay, h0, keys, gamma_beta, lamb, options: CGOptions):
+        system = ChunkSystem(decay, h0, keys, gamma_beta, lamb)
         q_star = conjugate_gradient(system.matvec, b, system.jacobi_start(b), options.steps, options.tol)
-        ctx.save_for_backward(q_star, keys, beta, g, lamb, h0)
+        ctx.save_for_backward(q_star, decay, h0, keys, gamma_beta, lamb)
         ctx.options = options
         return q_star
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, d_q_star):
-        q_star, *params = ctx.saved_tensors
+        q_star, *fields = ctx.saved_tensors
         options: CGOptions = ctx.options
-        wanted = ctx.needs_input_grad[1:6]
-        leaves = [p.detach().requires_grad_(need) for p, need in zip(params, wanted)]
-        with torch.enable_grad():
-            system = build_system(*leaves)
-            with torch.no_grad():
-                adjoint = conjugate_gradient(
-                    system.matvec, d_q_star, system.jacobi_start(d_q_star), options.steps, options.tol
-                )
-            grads: list[torch.Tensor | None] = [None] * len(leaves)
-            needed = [leaf for leaf, need in zip(leaves, wanted) if need]
-            if needed:
-                surrogate = -(adjoint * system.matvec(q_star)).sum()
-                found = iter(torch.autograd.grad(surrogate, needed))
-                grads = [next(found) if need else None for need in wanted]
-        return (adjoint, *grads, None)
+        system = ChunkSystem(*fields)
+        adjoint = conjugate_gradient(system.matvec, d_q_star, system.jacobi_start(d_q_star),
+                                     options.steps, options.tol)
+        grads = system.bilinear_grads(adjoint, q_star, tuple(ctx.needs_input_grad[1:6]))
+        return (adjoint, *[None if g is None else -g for g in grads], None)
 
 
 def mesa_chunked(
@@ -107,11 +98,12 @@ def mesa_chunked(
     g_c = split_chunks(g.to(cdt), chunk)
     h_kk0, h_kv0, final = chunk_start_states(keys, values, beta_c, g_c, initial_state)
 
+    system = build_system(keys, beta_c, g_c, lamb.to(cdt), h_kk0)
     options = CGOptions(steps=cg_steps, tol=cg_tol)
-    q_star = _MesaSolve.apply(queries, keys, beta_c, g_c, lamb.to(cdt), h_kk0, options)
+    q_star = _MesaSolve.apply(queries, system.decay, system.h0, system.keys, system.gamma_beta,
+                              system.lamb, options)
 
-    gamma_beta = intra_chunk_decay(g_c) * beta_c[..., None, :]
-    from_state = g_c.cumsum(-1).exp()[..., None] * (q_star @ h_kv0)
-    within_chunk = ((q_star @ keys.transpose(-1, -2)) * gamma_beta) @ values
+    from_state = system.decay[..., None] * (q_star @ h_kv0)
+    within_chunk = ((q_star @ keys.transpose(-1, -2)) * system.gamma_beta) @ values
     o = merge_chunks(from_state + within_chunk, T).to(q.dtype)
     return o, (final if output_final_state else None)

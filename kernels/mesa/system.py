@@ -84,6 +84,34 @@ class ChunkSystem:
         """The CG starting point b / diag(M) (docs/design.md §8)."""
         return b / self.diagonal()
 
+    def bilinear_grads(self, y: torch.Tensor, x: torch.Tensor, wanted: tuple[bool, ...]) -> list[torch.Tensor | None]:
+        """Gradients of s = sum_i y_i^T M_i x_i with respect to (decay, h0, keys, gamma_beta,
+        lamb), each one only where `wanted` says so (None otherwise); y, x: [B, H, N, C, K].
+
+        In closed form, so that a backward using it holds no nested autograd call (which
+        torch.compile cannot trace). With A = Y K^T and X K^T per chunk:
+            ds/d decay_i = y_i^T H0 x_i,      ds/dH0 = sum_i decay_i y_i x_i^T,
+            ds/d GammaBeta = A ⊙ (X K^T),     ds/dk_j = sum_i GammaBeta_ij (A_ij x_i + (X K^T)_ij y_i),
+            ds/d lamb = sum over batch, chunks and tokens of y ⊙ x.
+        """
+        want_decay, want_h0, want_keys, want_gb, want_lamb = wanted
+        grads: list[torch.Tensor | None] = [None] * 5
+        if want_decay:
+            grads[0] = ((x @ self.h0.transpose(-1, -2)) * y).sum(-1)
+        if want_h0:
+            grads[1] = (y * self.decay[..., None]).transpose(-1, -2) @ x
+        if want_keys or want_gb:
+            y_keys = y @ self.keys.transpose(-1, -2)  # [B, H, N, C, C]
+            x_keys = x @ self.keys.transpose(-1, -2)
+            if want_gb:
+                grads[3] = y_keys * x_keys
+            if want_keys:
+                grads[2] = ((self.gamma_beta * y_keys).transpose(-1, -2) @ x
+                            + (self.gamma_beta * x_keys).transpose(-1, -2) @ y)
+        if want_lamb:
+            grads[4] = (y * x).sum(dim=(0, 2, 3))
+        return grads
+
 
 def build_system(
     keys: torch.Tensor, beta: torch.Tensor, g: torch.Tensor, lamb: torch.Tensor, h0: torch.Tensor

@@ -84,30 +84,30 @@ def test_no_graph_break_on_the_triton_paths(case):
     assert count == 0, reasons
 
 
-def test_mesa_torch_backward_traces_with_autograd_ops_enabled():
-    """mesa's torch backward (an implicit-function backward calling torch.autograd.grad,
-    kernels/mesa/chunked.py) is traced only with dynamo's trace_autograd_ops; without it,
-    inputs that require grad cost two graph breaks."""
+def test_mesa_torch_backward_traces_without_autograd_ops():
+    """mesa's torch backward (the implicit-function backward, kernels/mesa/chunked.py) takes
+    its parameter gradients in closed form: with inputs that require grad and dynamo's default
+    config, nothing breaks the graph (a nested torch.autograd.grad would, once per chunk pass)."""
     fn = _call("mesa", "torch", check_values=False, requires_grad=True)
-    with torch._dynamo.config.patch(trace_autograd_ops=True):
-        count, reasons = _breaks(fn)
+    count, reasons = _breaks(fn)
     assert count == 0, reasons
 
 
-def _gdn_layer(backend: str) -> torch.nn.Module:
+def _gdn_layer(backend: str, mixer: str = "gdn") -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_mixer("gdn", 32, {"num_heads": 2, "backend": backend})
+    return build_mixer(mixer, 32, {"num_heads": 2, "backend": backend})
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
-def test_a_whole_gdn_layer_compiles_with_fullgraph_and_matches_eager(backend):
+@pytest.mark.parametrize("mixer, backend", [("gdn", "torch"), pytest.param("gdn", "triton", marks=needs_triton),
+                                            ("mesa", "torch")])
+def test_a_whole_layer_compiles_with_fullgraph_and_matches_eager(mixer, backend):
     """Compiled through AOT autograd with inductor's decompositions, run eagerly (no code
     generation on the CPU). Plain aot_eager fails the torch backend's backward: the fake
     strides of aten.softplus_backward differ from the CPU kernel's when its gradient input is
     permuted (a PyTorch stride mismatch of the kind in pytorch/pytorch#120035), and a later
     aten.view then refuses the real tensor; with the decompositions softplus_backward is
     pointwise arithmetic whose strides agree."""
-    layer = _gdn_layer(backend)
+    layer = _gdn_layer(backend, mixer)
     x = torch.randn(2, 70, 32, generator=torch.Generator().manual_seed(1))
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
 

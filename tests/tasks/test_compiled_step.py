@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from harness.config import config_hash
@@ -20,11 +21,12 @@ def _one_shape_block() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x, y)]
 
 
-def test_compiled_loss_matches_the_eager_loss_and_gradients():
+@pytest.mark.parametrize("mixer", ["gdn", "mesa"])
+def test_compiled_loss_matches_the_eager_loss_and_gradients(mixer):
     (x, y), = _one_shape_block()
     x, y = x[:8], y[:8]
     scored = int((y != -100).sum())
-    eager, compiled = _lm("gdn"), _lm("gdn")
+    eager, compiled = _lm(mixer), _lm(mixer)
     loss_e = eager.loss(x, y, scored)[0]
     loss_c = compiled_loss(compiled)(x, y, scored)[0]
     torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-6)
