@@ -11,6 +11,8 @@
 # SWEEP_ARGS: more options of `harness sweep` (e.g. --mixer softmax).
 # From a snapshot (benchmarks/devtree.sh builds .devtree with the wheels and resume states):
 #   cd .devtree && TESTS=0 ALONE=0 PACK=4 DEADLINE_S=555 bash benchmarks/h200_mqar.sh   (carry [".devtree"])
+# ALONE_MIXERS, ALONE_BACKENDS (default gdn, torch) choose the runs alone, e.g. ALONE_MIXERS=mesa
+# ALONE_BACKENDS="torch triton" to weigh MesaNet's Triton CG against its PyTorch one.
 # TESTS=0, ALONE=0 skip those parts (TEST_FILES: other test files); TESTS_BG=1 runs the GPU test
 # files of TEST_FILES_BG (default tests/gpu/test_*.py) beside the sweep, one process per file (their
 # Triton compiles use the CPU cores the graphed sweep leaves idle), logs and each file's errors
@@ -76,12 +78,14 @@ fi
 if [ "${ALONE:-1}" != 0 ]; then
     for mode in false true; do
         for mixer in ${ALONE_MIXERS:-gdn}; do
-            echo "== alone: $mixer, zoology preset, d_model 128, 1 epoch, cuda_graph=$mode"
+          for backend in ${ALONE_BACKENDS:-torch}; do
+            echo "== alone: $mixer ($backend backend), zoology preset, d_model 128, 1 epoch, cuda_graph=$mode"
             s=$(date +%s)
             h run --mixer "$mixer" --task mqar --preset zoology --device cuda --no-wandb --results "$R/alone" \
-                --set model.mixer.backend=torch --set optim.epochs=1 --set optim.early_stop=null --set optim.lr=1e-2 \
+                --set model.mixer.backend=$backend --set optim.epochs=1 --set optim.early_stop=null --set optim.lr=1e-2 \
                 --set optim.cuda_graph=$mode 2>&1 | tail -n 4 | tee -a "$LOGS/alone.log"
-            echo "alone $mixer $mode wall $(( $(date +%s) - s )) s" | tee -a "$LOGS/alone.log"
+            echo "alone $mixer $backend $mode wall $(( $(date +%s) - s )) s" | tee -a "$LOGS/alone.log"
+          done
         done
     done
 fi
