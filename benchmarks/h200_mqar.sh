@@ -8,7 +8,9 @@
 # (or unpack them into .resume-carry/) and carry it on the next call, and those runs go on from
 # their last epoch. Logs come back in logs.tgz, the background GPU tests' in gpu_tests.tgz.
 #   SWEEP=configs/mqar-paper.yaml DEADLINE_S=570 PACK=6 bash benchmarks/h200_mqar.sh
-# SWEEP_ARGS: more options of `harness sweep` (e.g. --mixer softmax).
+# SWEEP_ARGS: more options of `harness sweep` (e.g. --mixer softmax). START_FOR=S: runs start only in
+# the sweep's first S seconds (a run started later is cut at the deadline, its state may not fit
+# the 64 MiB a call returns, and it slows the runs that will finish).
 # From a snapshot (benchmarks/devtree.sh builds .devtree with the wheels and resume states):
 #   cd .devtree && TESTS=0 ALONE=0 PACK=4 DEADLINE_S=555 bash benchmarks/h200_mqar.sh   (carry [".devtree"])
 # ALONE_MIXERS, ALONE_BACKENDS (default gdn, torch) choose the runs alone, e.g. ALONE_MIXERS=mesa
@@ -133,7 +135,7 @@ for sweep in $SWEEPS; do
     # SIGINT, not TERM: the workers stop through KeyboardInterrupt, which writes no record; under
     # MPS the runs in flight fault all the same (the records set aside below).
     timeout -s INT -k 20 "$left" python3 -m harness.cli sweep "$sweep" --executor gpus --runs-per-gpu "$PACK" --results "$R/sweep" \
-        --no-wandb $SWEEP_ARGS >"$LOGS/sweep-$name.log" 2>&1
+        --no-wandb ${START_FOR:+--start-for "$START_FOR"} $SWEEP_ARGS >"$LOGS/sweep-$name.log" 2>&1
     echo "sweep $name rc $? wall $(( $(date +%s) - s )) s" | tee -a "$LOGS/sweep-$name.log"
     tail -n 30 "$LOGS/sweep-$name.log"
 done

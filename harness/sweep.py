@@ -367,13 +367,15 @@ class SweepEvents:
 @dataclass
 class SweepSummary:
     """What a sweep did: keys found done or failed before, runs made here, keys another
-    sweep ran meanwhile ('done' or 'failed')."""
+    sweep ran meanwhile ('done' or 'failed'), and runs left unstarted when its start window
+    closed."""
 
     total: int
     done_before: int = 0
     failed_before: list[SweepPoint] = field(default_factory=list)
     ran: list[tuple[SweepPoint, Outcome]] = field(default_factory=list)
     elsewhere: list[tuple[SweepPoint, str]] = field(default_factory=list)
+    not_started: list[SweepPoint] = field(default_factory=list)
 
     @property
     def failed(self) -> list[tuple[SweepPoint, str]]:
@@ -391,11 +393,15 @@ def _job(point: SweepPoint, results: Path) -> Job:
 
 def run_sweep(
     plan: Plan, executor: Executor, results: Path, retry_failed: bool = False,
-    events: SweepEvents | None = None, poll_s: float = 0.25,
+    events: SweepEvents | None = None, poll_s: float = 0.25, start_for_s: float | None = None,
 ) -> SweepSummary:
     """Run every point of `plan` that has no ok record yet (and no failed one, unless
     `retry_failed`), `executor.slots` at a time. Keys another process holds are retried
-    once it lets go; if that process wrote a record meanwhile, the key is left to it."""
+    once it lets go; if that process wrote a record meanwhile, the key is left to it.
+
+    start_for_s: new runs start only within this many seconds of the call; after it the
+    sweep waits for the runs in flight and returns, the rest in `not_started` (for a job
+    with a time limit: a run started late would be cut, and would slow the others)."""
     results, events = Path(results), events or SweepEvents()
     summary = SweepSummary(total=len(plan.points))
     todo: deque[SweepPoint] = deque()
@@ -412,6 +418,7 @@ def run_sweep(
             seen[point.key] = recs.paths
     in_flight: dict[str, tuple[SweepPoint, Claim]] = {}
     waiting: dict[str, SweepPoint] = {}
+    start_until = None if start_for_s is None else time.monotonic() + start_for_s
 
     def start(point: SweepPoint) -> bool:
         """Claim and submit; False when another process holds the key."""
@@ -437,6 +444,12 @@ def run_sweep(
 
     try:
         while todo or in_flight or waiting:
+            if start_until is not None and time.monotonic() >= start_until and (todo or waiting):
+                summary.not_started = [*waiting.values(), *todo]
+                waiting.clear()
+                todo.clear()
+                if not in_flight:
+                    break
             for point in list(waiting.values()):
                 if len(in_flight) >= executor.slots:
                     break

@@ -44,6 +44,8 @@ def sweep_cmd(
     retry_failed: bool = typer.Option(False, "--retry-failed", help="rerun runs whose only records are failed ones"),
     task: Optional[str] = typer.Option(None, "--task", help="only these tasks of the sweep (comma-separated)"),
     mixer: Optional[str] = typer.Option(None, "--mixer", help="only these mixers of the sweep (comma-separated)"),
+    start_for: Optional[float] = typer.Option(None, "--start-for", help="start new runs only during the first "
+                                              "SECONDS (> 0), then wait for those in flight and stop"),
 ) -> None:
     """Run a sweep file; resumable: runs that already have an ok record are skipped."""
     from harness.executors import ExecutorError, check_executor, make_executor
@@ -51,6 +53,8 @@ def sweep_cmd(
     from harness.sweep import SweepError, expand, load_sweep, run_sweep
     from harness.sweep_view import SweepView, print_plan, print_summary
 
+    if start_for is not None and not start_for > 0:
+        raise _fail(f"--start-for {start_for}: give the seconds (> 0) during which new runs may start")
     try:
         sweep = load_sweep(file)
         check_executor(executor, sweep.device, runs_per_gpu, address, runs_here=not dry_run)
@@ -84,7 +88,8 @@ def sweep_cmd(
             runner.progress = view.progress  # the in-process runs show their own bars
         console.print(f"[bold]{plan.name}[/]: {len(plan.points)} run(s) on {runner.where} → {results}/runs")
         with view.progress, reporting_unreadable(warn):
-            summary = run_sweep(plan, runner, results, retry_failed=retry_failed, events=view)
+            summary = run_sweep(plan, runner, results, retry_failed=retry_failed, events=view,
+                                start_for_s=start_for)
     except KeyboardInterrupt:
         raise _fail("interrupted; finished runs are recorded: run the same command again to resume", 130) from None
     except ExecutorError as e:

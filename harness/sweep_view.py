@@ -116,5 +116,8 @@ def print_summary(summary: SweepSummary, results: Path) -> None:
         f"{sum(s == 'done' for _, s in summary.elsewhere)} done by another sweep, [red]{len(summary.failed)} failed[/]. "
         f"Records under {results}/runs."
     )
+    if summary.not_started:
+        console.print(f"[yellow]{len(summary.not_started)} run(s) not started[/]: the start window "
+                      "(--start-for) closed first; run the same command again to go on")
     for point, error in summary.failed:
         err_console.print(f"[red]{point.label}[/] ({point.key}): {error.strip()}")

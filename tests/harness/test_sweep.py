@@ -286,3 +286,22 @@ def test_a_record_from_before_a_new_option_still_counts_as_done(tmp_path):
     (folder / f"20260101T000000-mqar-linear-{old_hash[:8]}-0000.json").unlink()
     (folder / f"20260101T000001-mqar-linear-{old_hash[:8]}-0001.json").write_text(json.dumps(changed))
     assert key_records(tmp_path / "res", point).ok == ()
+
+
+def test_no_run_starts_after_the_start_window(tmp_path, nap):
+    # One slot, three naps of 0.3 s, a window of 0.1 s: the first runs to its end, the other
+    # two are left unstarted (and unrecorded); the same sweep without a window runs them.
+    grid = SweepFile(mixers=["gdn"], seeds=[0, 1, 2], grid=[{"tasks": ["nap"], "set": {"seconds": 0.3}}])
+    plan, res = expand(grid, "cpu"), tmp_path / "res"
+    summary = run_sweep(plan, InProcessExecutor("cpu", wandb=False), res, start_for_s=0.1)
+    assert [o.status for _, o in summary.ran] == ["ok"]
+    assert [p.seed for p in summary.not_started] == [1, 2] and not summary.failed
+    assert len(_records(res)) == 1
+    rest = run_sweep(plan, InProcessExecutor("cpu", wandb=False), res)
+    assert rest.done_before == 1 and [p.seed for p, _ in rest.ran] == [1, 2] and not rest.not_started
+
+
+def test_start_for_must_be_positive(tmp_path):
+    result = cli.invoke(app, ["sweep", str(SMOKE), "--results", str(tmp_path / "res"), "--start-for", "0"])
+    assert result.exit_code == 2 and "--start-for 0" in result.output and "> 0" in result.output
+    assert not (tmp_path / "res").exists()
