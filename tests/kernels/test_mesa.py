@@ -281,3 +281,27 @@ def test_hypothesis_chunked_at_extremes(lamb_lo, beta_lo, g_lo, g_hi, T, seed):
     out32 = run_with_grads("torch", tensors, state, torch.float32, cot, chunk_size=16)
     for name, value in out32.items():
         assert torch.isfinite(value).all(), name
+
+
+@pytest.mark.parametrize("wanted", [(True,) * 5, (False, True, False, True, False), (True, False, True, False, True)])
+def test_bilinear_grads_match_autograd_of_the_matvec(wanted):
+    """ChunkSystem.bilinear_grads (the torch backward's closed form) against autograd of
+    sum(y * M x) through the mat-vec itself, fp64, a non-symmetric H0 so that a transposed
+    term would show; fields not wanted come back None."""
+    from kernels.mesa.system import ChunkSystem
+
+    gen = torch.Generator().manual_seed(11)
+    B, H, N, C, K = 2, 3, 2, 5, 4
+    fields = [torch.rand(B, H, N, C, generator=gen, dtype=F64), torch.randn(B, H, N, K, K, generator=gen, dtype=F64),
+              torch.randn(B, H, N, C, K, generator=gen, dtype=F64),
+              torch.rand(B, H, N, C, C, generator=gen, dtype=F64).tril(),
+              0.5 + torch.rand(H, K, generator=gen, dtype=F64)]
+    x, y = (torch.randn(B, H, N, C, K, generator=gen, dtype=F64) for _ in range(2))
+    leaves = [f.clone().requires_grad_() for f in fields]
+    expected = torch.autograd.grad((y * ChunkSystem(*leaves).matvec(x)).sum(), leaves)
+    got = ChunkSystem(*fields).bilinear_grads(y, x, wanted)
+    for name, want, g, e in zip(("decay", "h0", "keys", "gamma_beta", "lamb"), wanted, got, expected):
+        if want:
+            torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+        else:
+            assert g is None, name
