@@ -14,7 +14,8 @@
 # From a snapshot (benchmarks/devtree.sh builds .devtree with the wheels and resume states):
 #   cd .devtree && TESTS=0 ALONE=0 PACK=4 DEADLINE_S=555 bash benchmarks/h200_mqar.sh   (carry [".devtree"])
 # ALONE_MIXERS, ALONE_BACKENDS (default gdn, torch) choose the runs alone, e.g. ALONE_MIXERS=mesa
-# ALONE_BACKENDS="torch triton" to weigh MesaNet's Triton CG against its PyTorch one.
+# ALONE_BACKENDS="torch triton" to weigh MesaNet's Triton CG against its PyTorch one; ALONE_ARGS adds
+# options to those runs (e.g. "--set optim.compile=true --set model.d_model=64").
 # TESTS=0, ALONE=0 skip those parts (TEST_FILES: other test files); TESTS_BG=1 runs the GPU test
 # files of TEST_FILES_BG (default tests/gpu/test_*.py) beside the sweep, one process per file (their
 # Triton compiles use the CPU cores the graphed sweep leaves idle), logs and each file's errors
@@ -85,7 +86,7 @@ if [ "${ALONE:-1}" != 0 ]; then
             s=$(date +%s)
             h run --mixer "$mixer" --task mqar --preset zoology --device cuda --no-wandb --results "$R/alone" \
                 --set model.mixer.backend=$backend --set optim.epochs=1 --set optim.early_stop=null --set optim.lr=1e-2 \
-                --set optim.cuda_graph=$mode 2>&1 | tail -n 4 | tee -a "$LOGS/alone.log"
+                --set optim.cuda_graph=$mode $ALONE_ARGS 2>&1 | tail -n 4 | tee -a "$LOGS/alone.log"
             echo "alone $mixer $backend $mode wall $(( $(date +%s) - s )) s" | tee -a "$LOGS/alone.log"
           done
         done
