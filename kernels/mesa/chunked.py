@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernels.common.chunking import merge_chunks, split_chunks
 from kernels.mesa.cg import conjugate_gradient
@@ -55,6 +56,7 @@ class _MesaSolve(torch.autograd.Function):
         return q_star
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, d_q_star):
         q_star, *fields = ctx.saved_tensors
         options: CGOptions = ctx.options

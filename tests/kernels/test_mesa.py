@@ -305,3 +305,14 @@ def test_bilinear_grads_match_autograd_of_the_matvec(wanted):
             torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
         else:
             assert g is None, name
+
+
+def test_chunked_refuses_a_second_derivative():
+    """The implicit backward holds the CG solves fixed: its own derivative would be wrong, so
+    differentiating it is an error instead of a silent approximation."""
+    (q, k, v, g, beta, lamb), _ = make_inputs(1, 20, 1, 8, 8, seed=5, with_state=False)
+    q.requires_grad_()
+    o, _ = mesa(q, k, v, g, beta, lamb, backend="torch", cg_steps=6)
+    (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.sum().backward()
