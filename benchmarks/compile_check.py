@@ -1,5 +1,6 @@
-"""Before a sweep that compiles its training steps: one compiled step of the zoology GDN model
-against the eager step, on this machine's GPU (or CPU), for two batch sizes of one length.
+"""Before a sweep that compiles its training steps: one compiled step of the zoology model (GDN
+unless --mixer says otherwise) against the eager step, on this machine's GPU (or CPU), for two
+batch sizes of one length.
 
 Exits non-zero when the compiled loss or gradients differ from the eager ones beyond fp32
 rounding, or when the second batch size compiled a second graph; prints the compile time.

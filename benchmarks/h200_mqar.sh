@@ -99,8 +99,9 @@ if [ "${PROFILE:-0}" != 0 ]; then
         --compile "${PROFILE_COMPILE:-none}" --mixers "${PROFILE_MIXERS:-gdn,softmax,deltanet,mesa}" 2>&1 | tail -n 20 | tee "$LOGS/profile.log"
 fi
 # A sweep file that compiles its steps (optim.compile: true) is checked first on this GPU: one
-# compiled step of each mixer of COMPILE_CHECK_MIXERS (default gdn) against the eager one. If that fails, the sweep runs eagerly (a copy of the
-# file with compile off; records then say compiled false) and the log says why.
+# compiled step of each mixer of COMPILE_CHECK_MIXERS (default gdn) against the eager one. If
+# one fails, the sweep runs eagerly (a copy of the file with compile off; records then say
+# compiled false) and the log says why.
 # Inductor's compile workers per run: the packed runs share the host's cores and memory.
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-4}
 SWEEPS=""

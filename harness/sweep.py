@@ -448,8 +448,6 @@ def run_sweep(
                 summary.not_started = [*waiting.values(), *todo]
                 waiting.clear()
                 todo.clear()
-                if not in_flight:
-                    break
             for point in list(waiting.values()):
                 if len(in_flight) >= executor.slots:
                     break

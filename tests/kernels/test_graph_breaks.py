@@ -87,13 +87,13 @@ def test_no_graph_break_on_the_triton_paths(case):
 def test_mesa_torch_backward_traces_without_autograd_ops():
     """mesa's torch backward (the implicit-function backward, kernels/mesa/chunked.py) takes
     its parameter gradients in closed form: with inputs that require grad and dynamo's default
-    config, nothing breaks the graph (a nested torch.autograd.grad would, once per chunk pass)."""
+    config, nothing breaks the graph (a nested torch.autograd.grad would)."""
     fn = _call("mesa", "torch", check_values=False, requires_grad=True)
     count, reasons = _breaks(fn)
     assert count == 0, reasons
 
 
-def _gdn_layer(backend: str, mixer: str = "gdn") -> torch.nn.Module:
+def _layer(mixer: str, backend: str) -> torch.nn.Module:
     torch.manual_seed(0)
     return build_mixer(mixer, 32, {"num_heads": 2, "backend": backend})
 
@@ -107,7 +107,7 @@ def test_a_whole_layer_compiles_with_fullgraph_and_matches_eager(mixer, backend)
     permuted (a PyTorch stride mismatch of the kind in pytorch/pytorch#120035), and a later
     aten.view then refuses the real tensor; with the decompositions softplus_backward is
     pointwise arithmetic whose strides agree."""
-    layer = _gdn_layer(backend, mixer)
+    layer = _layer(mixer, backend)
     x = torch.randn(2, 70, 32, generator=torch.Generator().manual_seed(1))
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
 
@@ -128,7 +128,7 @@ def test_a_whole_layer_compiles_with_fullgraph_and_matches_eager(mixer, backend)
 
 
 def test_a_mixer_checks_its_gates_on_its_first_call_only():
-    layer = _gdn_layer("torch")
+    layer = _layer("gdn", "torch")
     x = torch.randn(1, 8, 32)
     wrong = {"g": torch.full((1, 8, 2), 0.5), "beta": torch.full((1, 8, 2), 0.5)}  # a wiring bug: g > 0
     layer.gates = lambda x: wrong
