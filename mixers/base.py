@@ -55,6 +55,26 @@ class MixerConfig(BaseModel):
         return v
 
 
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal depthwise convolution over time, in the channels-last layout of the layers.
+
+    x: [B, T, D]; weight: [D, 1, W] (an nn.Conv1d(D, D, W, groups=D) weight); bias: [D] or
+    None -> [B, T, D], y_t = sum_j weight[:, 0, j] * x_{t - W + 1 + j} (+ bias), with x_s = 0
+    for s < 0: what nn.Conv1d with padding W - 1 gives on its first T outputs.
+
+    A sum of W shifted, scaled copies of x rather than a convolution kernel: for the short
+    widths of these layers it needs no transpose to [B, D, T] and back, and under
+    torch.compile it fuses with the ops around it, where a depthwise convolution kernel (and
+    its two backward kernels) stays a separate launch that reads the whole input again."""
+    T, W = x.shape[1], weight.shape[-1]
+    padded = F.pad(x, (0, 0, W - 1, 0))
+    taps = weight.squeeze(1).t()  # [W, D]
+    y = padded[:, :T] * taps[0]
+    for j in range(1, W):
+        y = y + padded[:, j:j + T] * taps[j]
+    return y if bias is None else y + bias
+
+
 class ShortConv(nn.Module):
     """Causal depthwise 1-D convolution over time with SiLU, as in recent linear-attention layers.
 
@@ -63,13 +83,12 @@ class ShortConv(nn.Module):
     def __init__(self, dim: int, width: int):
         super().__init__()
         self.width = width
+        # An nn.Conv1d holds the weight (its init and its state-dict name); the forward is
+        # causal_depthwise_conv.
         self.conv = nn.Conv1d(dim, dim, width, groups=dim, padding=width - 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        T = x.shape[1]
-        y = self.conv(x.transpose(1, 2))[..., :T]
-        # contiguous: fused attention kernels (SDPA flash/cuDNN, Triton) need stride(-1) == 1
-        return F.silu(y).transpose(1, 2).contiguous()
+        return F.silu(causal_depthwise_conv(x, self.conv.weight))
 
     def step(self, x_t: torch.Tensor, cache: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         B, D = x_t.shape

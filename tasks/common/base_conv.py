@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mixers.base import conv_tail
+from mixers.base import causal_depthwise_conv, conv_tail
 
 
 class BaseConv(nn.Module):
@@ -23,11 +23,11 @@ class BaseConv(nn.Module):
         super().__init__()
         self.kernel_size = kernel_size
         self.projection = nn.Linear(d_model, d_model)
+        # The nn.Conv1d holds the weight and bias; the forward is causal_depthwise_conv.
         self.conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model, padding=kernel_size - 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        T = x.shape[1]
-        mixed = self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2)
+        mixed = causal_depthwise_conv(x, self.conv.weight, self.conv.bias)
         return mixed * self.projection(x) + x
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
