@@ -22,7 +22,9 @@
 # (GPU_ERRORS_JSON) in $OUT/gpu_tests/; PROFILE=1 adds benchmarks/mqar_step_profile.py first
 # (PROFILE_BACKENDS=torch,triton to compare the backends, PROFILE_PRECISIONS=highest,high fp32
 # against TF32 matmuls, PROFILE_COMPILE=none,inductor eager against torch.compile'd steps,
-# PROFILE_MIXERS which mixers, PROFILE_S its time limit); MPS=1 shares the GPU between the packed
+# PROFILE_MIXERS which mixers, PROFILE_S its time limit); VARIANTS=1 adds
+# benchmarks/mqar_step_variants.py (VARIANTS_MIXERS, VARIANTS_S) after it; WARM (below) fills the
+# compile caches before the sweep; MPS=1 shares the GPU between the packed
 # runs through CUDA's Multi-Process Service.
 set -o pipefail
 T0=$(date +%s)
@@ -98,18 +100,39 @@ if [ "${PROFILE:-0}" != 0 ]; then
         --backends "${PROFILE_BACKENDS:-torch}" --precisions "${PROFILE_PRECISIONS:-highest}" \
         --compile "${PROFILE_COMPILE:-none}" --mixers "${PROFILE_MIXERS:-gdn,softmax,deltanet,mesa}" 2>&1 | tail -n 20 | tee "$LOGS/profile.log"
 fi
+if [ "${VARIANTS:-0}" != 0 ]; then
+    echo "== step variants: conv and triangular-solve forms in compiled, graphed steps"
+    timeout "${VARIANTS_S:-300}" python3 -m benchmarks.mqar_step_variants --out "$LOGS/mqar_step_variants_h200.json" \
+        --mixers "${VARIANTS_MIXERS:-gdn,mesa}" --explain-mixers "${VARIANTS_EXPLAIN:-gdn,mesa}" 2>&1 | tail -n 20 | tee "$LOGS/variants.log"
+fi
 # A sweep file that compiles its steps (optim.compile: true) is checked first on this GPU: one
 # compiled step of each mixer of COMPILE_CHECK_MIXERS (default gdn) against the eager one. If
 # one fails, the sweep runs eagerly (a copy of the file with compile off; records then say
 # compiled false) and the log says why.
 # Inductor's compile workers per run: the packed runs share the host's cores and memory.
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-4}
+# One cache for the warm-ups and every run (the workers inherit it).
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
+warms=()
+# WARM="gdn:256 mesa:64": fill the compile caches for those (mixer, d_model) groups first, one
+# process per group side by side (benchmarks/warm_compile_cache.py), so runs packed together
+# load their graphs instead of each compiling them at once. WARM_SETS: the sweep's `set`.
+if [ -n "${WARM:-}" ]; then
+    s=$(date +%s)
+    for group in $WARM; do
+        timeout 300 python3 -m benchmarks.warm_compile_cache --mixer "${group%%:*}" --d-model "${group#*:}" \
+            ${WARM_SETS:---set model.mixer.backend=torch --set optim.matmul_precision=high --set optim.compile=true} \
+            >"$LOGS/warm-${group%%:*}-${group#*:}.log" 2>&1 &
+        warms+=($!)
+    done
+    warm_start=$s  # they run beside the compile checks; the sweep waits for them
+fi
 SWEEPS=""
 for sweep in $SWEEP; do
     if grep -q "optim.compile: true" "$sweep"; then
         # One check per mixer of COMPILE_CHECK_MIXERS, side by side (each is mostly compile time).
         checks=()
-        for mixer in ${COMPILE_CHECK_MIXERS:-gdn}; do
+        for mixer in ${COMPILE_CHECK_MIXERS-gdn}; do  # COMPILE_CHECK_MIXERS="": no check
             timeout 300 python3 -m benchmarks.compile_check --mixer "$mixer" >"$LOGS/compile_check-$mixer.log" 2>&1 &
             checks+=("$mixer:$!")
         done
@@ -118,7 +141,9 @@ for sweep in $SWEEP; do
             wait "${c#*:}" || failed="$failed ${c%%:*}"
             echo "== compile check ${c%%:*}: $(tail -n 1 "$LOGS/compile_check-${c%%:*}.log")"
         done
-        if [ -z "$failed" ]; then
+        if [ ${#checks[@]} -eq 0 ]; then
+            echo "== no compile check (COMPILE_CHECK_MIXERS is empty)"
+        elif [ -z "$failed" ]; then
             echo "== compile checks passed"
         else
             echo "== compile check FAILED for$failed, $sweep runs eagerly"
@@ -128,6 +153,11 @@ for sweep in $SWEEP; do
     fi
     SWEEPS="$SWEEPS $sweep"
 done
+if [ ${#warms[@]} -gt 0 ]; then
+    wait "${warms[@]}"
+    for group in $WARM; do echo "== $(tail -n 1 "$LOGS/warm-${group%%:*}-${group#*:}.log" | cut -c1-240)"; done
+    echo "== compile caches warmed in $(( $(date +%s) - warm_start )) s"
+fi
 for sweep in $SWEEPS; do
     left=$(( DEADLINE_S - ($(date +%s) - T0) ))
     [ "$left" -gt 30 ] || break
@@ -141,6 +171,12 @@ for sweep in $SWEEPS; do
     echo "sweep $name rc $? wall $(( $(date +%s) - s )) s" | tee -a "$LOGS/sweep-$name.log"
     tail -n 30 "$LOGS/sweep-$name.log"
 done
+# Workers run in sessions of their own: a sweep killed at its deadline can leave one running,
+# holding GPU memory, and MPS's quit at the exit would wait for it until the call's limit.
+if pgrep -f "harness.executors" >/dev/null; then
+    echo "== stopping the sweep's leftover workers: $(pgrep -f harness.executors | tr '\n' ' ')"
+    pkill -INT -f "harness.executors"; sleep 10; pkill -KILL -f "harness.executors"
+fi
 if [ ${#BG_TESTS[@]} -gt 0 ]; then
     wait "${BG_TESTS[@]}"
     for f in "$OUT"/gpu_tests/*.log; do echo "== $f"; grep -E "passed|failed|FAILED|Error" "$f" | tail -n 8; done
