@@ -115,15 +115,21 @@ export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-4}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
 warms=()
 # WARM="gdn:256 mesa:64": fill the compile caches for those (mixer, d_model) groups first, one
-# process per group side by side (benchmarks/warm_compile_cache.py), so runs packed together
-# load their graphs instead of each compiling them at once. WARM_SETS: the sweep's `set`.
+# process per group and training length (WARM_LENGTHS, default the zoology preset's 64 128 256)
+# side by side, the host's cores shared out (benchmarks/warm_compile_cache.py), so runs packed
+# together load their graphs instead of each compiling them at once. WARM_SETS: the sweep's `set`.
 if [ -n "${WARM:-}" ]; then
     s=$(date +%s)
+    n_warm=$(( $(echo $WARM | wc -w) * $(echo ${WARM_LENGTHS:-64 128 256} | wc -w) ))
+    warm_threads=$(( $(nproc) / n_warm )); [ "$warm_threads" -ge 1 ] || warm_threads=1
     for group in $WARM; do
-        timeout 300 python3 -m benchmarks.warm_compile_cache --mixer "${group%%:*}" --d-model "${group#*:}" \
-            ${WARM_SETS:---set model.mixer.backend=torch --set optim.matmul_precision=high --set optim.compile=true} \
-            >"$LOGS/warm-${group%%:*}-${group#*:}.log" 2>&1 &
-        warms+=($!)
+        for len in ${WARM_LENGTHS:-64 128 256}; do
+            TORCHINDUCTOR_COMPILE_THREADS=$warm_threads timeout 300 python3 -m benchmarks.warm_compile_cache \
+                --mixer "${group%%:*}" --d-model "${group#*:}" --seq-len "$len" \
+                ${WARM_SETS:---set model.mixer.backend=torch --set optim.matmul_precision=high --set optim.compile=true} \
+                >"$LOGS/warm-${group%%:*}-${group#*:}-$len.log" 2>&1 &
+            warms+=($!)
+        done
     done
     warm_start=$s  # they run beside the compile checks; the sweep waits for them
 fi
@@ -155,7 +161,7 @@ for sweep in $SWEEP; do
 done
 if [ ${#warms[@]} -gt 0 ]; then
     wait "${warms[@]}"
-    for group in $WARM; do echo "== $(tail -n 1 "$LOGS/warm-${group%%:*}-${group#*:}.log" | cut -c1-240)"; done
+    for f in "$LOGS"/warm-*.log; do echo "== $(tail -n 1 "$f" | cut -c1-160)"; done
     echo "== compile caches warmed in $(( $(date +%s) - warm_start )) s"
 fi
 for sweep in $SWEEPS; do

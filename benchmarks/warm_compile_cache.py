@@ -1,7 +1,7 @@
 """Fill the torch.compile caches for the MQAR runs a GPU call is about to pack side by side.
 
     python -m benchmarks.warm_compile_cache --mixer gdn --d-model 256 [--preset zoology] \
-        [--set optim.matmul_precision=high ...]
+        [--set optim.matmul_precision=high ...] [--seq-len 256 ...]
 
 Runs packed on one GPU start together, so each compiles the same graphs at once and none finds
 them in Inductor's caches (the FX graph and AOT autograd caches under TORCHINDUCTOR_CACHE_DIR),
@@ -9,7 +9,9 @@ while runs that differ only in the learning rate or the seed trace identical gra
 builds the task's model from the same config, compiles its loss as training does
 (tasks.common.training.compiled_loss), and runs one forward and backward at each training
 length, so a run started afterwards loads every graph from the cache instead of compiling it.
-Prints the seconds per length and the cache counters.
+Prints the seconds per length and the cache counters. The cache key does not depend on
+TORCHINDUCTOR_COMPILE_THREADS, so warm-ups may use every core, and one process per length
+(--seq-len) compiles the lengths side by side.
 """
 
 from __future__ import annotations
@@ -27,19 +29,25 @@ from tasks.mqar import MQAR
 from tasks.mqar_data import make_mqar
 
 
-def warm(mixer: str, preset: str, sets: list[str], device: str = "cuda") -> list[dict]:
-    """Compile the loss of `mixer`'s MQAR model at each training length of the config; returns
+def warm(mixer: str, preset: str, sets: list[str], device: str = "cuda",
+         seq_lens: set[int] | None = None) -> list[dict]:
+    """Compile the loss of `mixer`'s MQAR model at each training length of the config (or
+    those of `seq_lens`: several processes can share the lengths out); returns
     [{seq_len, seconds}] in training order."""
     cfg = resolve_config(MQAR, preset, None, sets)
     longest = max(s.seq_len for s in [*cfg.train, *cfg.test])
     torch.manual_seed(0)
     model = MixerLM(mixer, cfg.vocab_size, cfg.model, max_positions=longest).to(device)
     loss_fn = compiled_loss(model)
+    lengths = {s.seq_len for s in cfg.train}
+    if seq_lens is not None and not seq_lens <= lengths:
+        raise SystemExit(f"--seq-len {sorted(seq_lens - lengths)} is not a training length of this config; "
+                         f"valid: {sorted(lengths)}")
     done, rows = set(), []
     with float32_matmul(cfg.optim.matmul_precision):
         for setting in cfg.train:
-            if setting.seq_len in done:  # one graph per length: the batch and count are dynamic
-                continue
+            if setting.seq_len in done or (seq_lens is not None and setting.seq_len not in seq_lens):
+                continue  # one graph per length: the batch and the count are dynamic
             done.add(setting.seq_len)
             x, y = make_mqar(cfg.optim.batch_size, setting.seq_len, setting.num_kv_pairs, cfg.vocab_size, 0,
                              cfg.power_a, cfg.random_non_queries)
@@ -62,10 +70,12 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], dest="sets",
                         help="a config override as the sweep sets it (repeatable)")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--seq-len", type=int, action="append", dest="seq_lens",
+                        help="compile only this training length (repeatable; default: all of them)")
     args = parser.parse_args()
     sets = [f"model.d_model={args.d_model}", *args.sets]
     start = time.perf_counter()
-    rows = warm(args.mixer, args.preset, sets, args.device)
+    rows = warm(args.mixer, args.preset, sets, args.device, set(args.seq_lens) if args.seq_lens else None)
     per_length = ", ".join(f"T {r['seq_len']} {r['seconds']:.1f} s" for r in rows)
     print(f"warm {args.mixer} d_model {args.d_model}: {per_length}; {time.perf_counter() - start:.1f} s in all; "
           f"inductor {dict(counters['inductor'])}; aot {dict(counters['aot_autograd'])}", flush=True)
