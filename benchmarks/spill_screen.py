@@ -1,10 +1,12 @@
 """Screen launch settings of one op's Triton kernels for register spills, without a GPU: each
-variant's training step (forward and backward, bf16, no state) is compiled for sm_90 and not
+variant's training step (forward and backward, bf16 by default, no state) is compiled for sm_90 and not
 run (tests/compile_sm90.py's CompileOnly), and cuobjdump reports each kernel's registers and
 spill stack. Run it under the Triton the device has (PYTHONPATH to a `pip install --target`
 of that version) to see that compiler's code.
 
     python benchmarks/spill_screen.py --op gated_delta_rule --head-dim 128 --out F.json
+    python benchmarks/spill_screen.py --head-dim 64 --value-dim 128 --dtype fp32 --matmul-precision high \
+        --batch 2 --seq-len 256 --default-only --out F.json   # the MQAR shape, fp32 with TF32 dots
 
 A variant is one kernel's field changes (kernels/common/launch.py); each is compiled once.
 Spilling is a hint where to look, not a time: the kernels task times candidates on the GPU.
@@ -48,6 +50,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--op", default="gated_delta_rule", choices=["gated_delta_rule", "delta_rule"])
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--value-dim", type=int, default=None, help="V (default: the head dim)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--matmul-precision", default="highest", choices=["highest", "high"],
+                   help="torch's fp32 matmul precision at launch: fp32 dots are 'ieee' at highest, 'tf32' at high")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq-len", type=int, default=200)
+    p.add_argument("--default-only", action="store_true", help="only the default launch settings, no variants")
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args()
 
@@ -61,10 +70,12 @@ def main() -> None:
     stand_in = CompileOnly(resources=True)
     JITFunction.run = lambda self, *a, **kw: stand_in(self, *a, **kw)
     D = args.head_dim
-    step = training_step(args.op, None, D)
+    torch.set_float32_matmul_precision(args.matmul_precision)
+    step = training_step(args.op, None, D, dtype=args.dtype, value_dim=args.value_dim, batch=args.batch,
+                         seq_len=args.seq_len)
 
     rows = []
-    for kernel, changes in [("default", {})] + variants(DELTA_GRID):
+    for kernel, changes in [("default", {})] + ([] if args.default_only else variants(DELTA_GRID)):
         before = set(stand_in.done) | set(stand_in.failed)
         started = time.time()
         with launch_settings(**{args.op: {kernel: changes}} if changes else {}):
@@ -79,7 +90,9 @@ def main() -> None:
                          "options": dict(key[3]), "resources": usage,
                          "failed": key in stand_in.failed})
         print(f"{kernel:10s} {changes} ({time.time() - started:.1f} s)", flush=True)
-    record = {"what": __doc__.split("\n\n")[0], "op": args.op, "head_dim": D, "triton": triton.__version__,
+    record = {"what": __doc__.split("\n\n")[0], "op": args.op, "head_dim": D, "value_dim": args.value_dim or D,
+              "dtype": args.dtype, "matmul_precision": args.matmul_precision, "batch": args.batch,
+              "seq_len": args.seq_len, "triton": triton.__version__,
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}
     args.out.write_text(json.dumps(record, indent=1))
     for r in rows:

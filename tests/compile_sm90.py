@@ -126,18 +126,25 @@ def _leaves(args: dict) -> list:
     return found
 
 
-def training_step(op: str, variant: str | None, head_dim: int, device: str = "cpu"):
+def training_step(op: str, variant: str | None, head_dim: int, device: str = "cpu", dtype: str = "bf16",
+                  value_dim: int | None = None, batch: int = 1, seq_len: int = 200):
     """A zero-argument forward and backward of `op`'s Triton entry point, as one training step
-    runs it: its input factory's tensors (B 1, T 200, H 2, K = V = head_dim, bf16, input
-    `variant`, no state) on `device`, every floating input wanting its gradient."""
+    runs it: its input factory's tensors (B `batch`, T `seq_len`, H 2, K = head_dim,
+    V = value_dim or head_dim, `dtype` "bf16" or "fp32", input `variant`, no state) on
+    `device`, every floating input wanting its gradient. fp32 dots follow
+    torch.get_float32_matmul_precision at launch (kernels.common.triton.utils.dot_precision)."""
     import torch
 
     from kernels.common.spec import load_entry
     from kernels.registry import SPECS
 
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    if dtype not in dtypes:
+        raise ValueError(f"dtype {dtype!r}: valid are {sorted(dtypes)}")
     spec = SPECS[op]
     entry = load_entry(spec.backends["triton"].entry)
-    args = spec.make_inputs(1, 200, 2, head_dim, head_dim, variant=variant, dtype=torch.bfloat16, device=device)
+    args = spec.make_inputs(batch, seq_len, 2, head_dim, value_dim or head_dim, variant=variant,
+                            dtype=dtypes[dtype], device=device)
     _leaves(args)
 
     def step() -> None:
