@@ -22,3 +22,17 @@ def test_every_kernel_compiles_for_sm90():
     report = done.stdout[-6000:] + done.stderr[-3000:]
     assert done.returncode == 0, report
     assert " 0 failed" in done.stdout and "launches compiled" in done.stdout, report
+
+
+def test_training_step_takes_the_shape_and_dtype_and_refuses_others():
+    """The spill screen's step: fp32 inputs at the asked shape; an unknown dtype names the valid ones."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from compile_sm90 import training_step
+
+    with pytest.raises(ValueError, match=r"dtype 'fp16': valid are \['bf16', 'fp32'\]"):
+        training_step("gated_delta_rule", None, 16, dtype="fp16")
+    step = training_step("gated_delta_rule", None, 16, dtype="fp32", value_dim=32, batch=2, seq_len=40)
+    leaves = {id(c.cell_contents): c.cell_contents for c in step.__closure__ if isinstance(c.cell_contents, dict)}
+    (args,) = leaves.values()
+    assert args["q"].shape == (2, 40, 2, 16) and args["v"].shape == (2, 40, 2, 32)
+    assert args["q"].dtype.is_floating_point and str(args["q"].dtype) == "torch.float32"
