@@ -28,7 +28,8 @@ from tasks.mqar import MQAR
 from tasks.mqar_data import make_mqar
 
 
-def _ms_per_step(step, n: int) -> float:
+def cuda_ms_per_step(step, n: int) -> float:
+    """GPU milliseconds per call of step() over n calls back to back (CUDA events)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(n):
@@ -61,9 +62,9 @@ def profile_mixer(mixer: str, backend: str, d_model: int, batch: int, seq_len: i
     first_call_s = time.perf_counter() - t0
     for _ in range(2):
         eager()
-    eager_ms = _ms_per_step(eager, 10)
+    eager_ms = cuda_ms_per_step(eager, 10)
     steps.step(tokens, labels, scored)  # eager step + capture
-    graph_ms = _ms_per_step(lambda: steps.step(tokens, labels, scored), 30)
+    graph_ms = cuda_ms_per_step(lambda: steps.step(tokens, labels, scored), 30)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         eager()
         torch.cuda.synchronize()

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.json_record import save_record
+from benchmarks.mqar_step_profile import cuda_ms_per_step
 from harness.config import resolve_config
 from harness.envinfo import device_name
 from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw
@@ -91,16 +92,6 @@ def variant(conv: str, solve: str):
         if solve == "inverse":
             stack.enter_context(mock.patch.object(CHUNKED, "solve_unit_lower", inverse_solve))
         yield
-
-
-def _ms_per_step(step, n: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
 
 
 def build(mixer: str, d_model: int, batch: int, seq_len: int, pairs: int, conv: str, solve: str):
@@ -253,7 +244,7 @@ def main() -> None:
                 print(f"built {mixer} {conv}+{solve}: first step {first_s:.1f} s", flush=True)
         for _ in range(args.rounds):
             for _, replay, times in built:
-                times.append(_ms_per_step(replay, 20))
+                times.append(cuda_ms_per_step(replay, 20))
     for info, _, times in built:
         record["variants"].append({**info, "ms_per_step": statistics.median(times), "rounds_ms": times})
     save_record(record, args.out)
