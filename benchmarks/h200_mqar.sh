@@ -8,7 +8,7 @@
 # (or unpack them into .resume-carry/) and carry it on the next call, and those runs go on from
 # their last epoch. Logs come back in logs.tgz, the background GPU tests' in gpu_tests.tgz.
 #   SWEEP=configs/mqar-paper.yaml DEADLINE_S=570 PACK=6 bash benchmarks/h200_mqar.sh
-# SWEEP_ARGS: more options of `harness sweep` (e.g. --mixer softmax). START_FOR=S: runs start only in
+# SWEEP_ARGS: more options of `harness sweep` (e.g. --mixer gdn --where model.d_model=256). START_FOR=S: runs start only in
 # the sweep's first S seconds (a run started later is cut at the deadline, its state may not fit
 # the 64 MiB a call returns, and it slows the runs that will finish).
 # From a snapshot (benchmarks/devtree.sh builds .devtree with the wheels and resume states):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import itertools
 import json
+import math
 import os
 import socket
 import time
@@ -236,6 +237,45 @@ def expand(
     for point in points:  # the first of points that resolve alike (dicts keep insertion order)
         unique.setdefault(point.key, point)
     return Plan(sweep.name or "sweep", sweep.device, list(unique.values()), len(points) - len(unique))
+
+
+def _same_value(have: Any, wanted_text: str) -> bool:
+    """Whether a point's `set`/`vary` value equals the text of a --where condition: numbers as
+    numbers (0.01 matches 1.0e-2), anything else as the YAML the text reads as."""
+    if isinstance(have, (int, float)) and not isinstance(have, bool):
+        try:
+            return math.isclose(float(have), float(wanted_text), rel_tol=1e-9, abs_tol=0.0)
+        except ValueError:
+            return False
+    return have == yaml.safe_load(wanted_text)
+
+
+def select_where(plan: Plan, conditions: list[str]) -> Plan:
+    """The points of `plan` whose `set`/`vary` value of each KEY equals VALUE, for conditions
+    "KEY=VALUE" (e.g. model.d_model=256); their run keys are those of the whole grid, so a
+    selection resumes and fills the same sweep. SweepError naming the keys and values the
+    sweep has when a condition is malformed, names no key of the sweep or selects nothing."""
+    values: dict[str, list[Any]] = {}
+    for point in plan.points:
+        for key, value in point.overrides:
+            if value not in values.setdefault(key, []):
+                values[key].append(value)
+    known = "; ".join(f"{k}: {', '.join(json.dumps(v) for v in vs)}" for k, vs in values.items()) or "none"
+    parsed = []
+    for text in conditions:
+        key, sep, wanted = text.partition("=")
+        key, wanted = key.strip(), wanted.strip()
+        if not sep or not key or not wanted:
+            raise SweepError(f"--where {text!r}: give KEY=VALUE, a `set` or `vary` key of the sweep and one of its "
+                             f"values (this sweep has {known})")
+        if key not in values:
+            raise SweepError(f"--where {text!r}: {key} is not a `set` or `vary` key of this sweep (it has {known})")
+        parsed.append((key, wanted))
+    kept = [p for p in plan.points
+            if all(any(k == key and _same_value(v, wanted) for k, v in p.overrides) for key, wanted in parsed)]
+    if not kept:
+        raise SweepError(f"--where {' '.join(conditions)}: no run of the sweep matches (it has {known})")
+    return Plan(plan.name, plan.device, kept, plan.duplicates)
 
 
 # -- records of a key ------------------------------------------------------------------

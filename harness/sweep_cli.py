@@ -46,11 +46,14 @@ def sweep_cmd(
     mixer: Optional[str] = typer.Option(None, "--mixer", help="only these mixers of the sweep (comma-separated)"),
     start_for: Optional[float] = typer.Option(None, "--start-for", help="start new runs only during the first "
                                               "SECONDS (> 0), then wait for those in flight and stop"),
+    where: Optional[list[str]] = typer.Option(None, "--where", help="only runs whose `set`/`vary` value KEY is "
+                                              "VALUE: KEY=VALUE, e.g. model.d_model=256 (repeatable; numbers "
+                                              "compare as numbers)"),
 ) -> None:
     """Run a sweep file; resumable: runs that already have an ok record are skipped."""
     from harness.executors import ExecutorError, check_executor, make_executor
     from harness.runner import DeviceError, resolve_device
-    from harness.sweep import SweepError, expand, load_sweep, run_sweep
+    from harness.sweep import SweepError, expand, load_sweep, run_sweep, select_where
     from harness.sweep_view import SweepView, print_plan, print_summary
 
     if start_for is not None and not start_for > 0:
@@ -62,6 +65,8 @@ def sweep_cmd(
         guess = "cuda" if executor == "gpus" else resolve_device(sweep.device if executor == "inprocess" else
                                                                   ("cpu" if sweep.device == "cpu" else "auto")).type
         plan = expand(sweep, guess, _split(task), _split(mixer))
+        if where:
+            plan = select_where(plan, where)
     except (SweepError, ExecutorError, DeviceError) as e:
         raise _fail(str(e)) from None
     from harness.cli import warn

@@ -1,0 +1,60 @@
+"""`harness sweep --where KEY=VALUE`: a selection of the grid by its `set`/`vary` values keeps
+the whole grid's run keys (so it resumes and fills the same sweep), compares numbers as
+numbers, and refuses a malformed condition, a key the sweep lacks or a selection of nothing,
+naming what the sweep has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.sweep import SweepError, expand, load_sweep, select_where
+
+GRID = Path(__file__).resolve().parents[2] / "configs" / "mqar-paper.yaml"
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return expand(load_sweep(GRID), "cuda")
+
+
+def test_selection_keeps_the_grid_keys(plan):
+    chosen = select_where(plan, ["model.d_model=256", "optim.lr=0.01"])
+    assert len(chosen.points) == 7  # the seven mixers
+    grid = {p.key: p for p in plan.points}
+    for point in chosen.points:
+        assert point.key in grid
+        values = dict(point.overrides)
+        assert values["model.d_model"] == 256 and values["optim.lr"] == pytest.approx(0.01)
+    assert [p.key for p in chosen.points] == [p.key for p in plan.points if p in chosen.points]  # grid order
+
+
+def test_numbers_compare_as_numbers(plan):
+    a = select_where(plan, ["optim.lr=3.162e-3"]).points
+    b = select_where(plan, ["optim.lr=0.003162"]).points
+    assert [p.key for p in a] == [p.key for p in b] and len(a) == 21
+
+
+@pytest.mark.parametrize("condition, message", [
+    ("model.d_model", r"give KEY=VALUE.*model\.d_model: 64, 128, 256"),
+    ("=256", r"give KEY=VALUE"),
+    ("model.n_layers=2", r"model\.n_layers is not a `set` or `vary` key of this sweep.*optim\.lr: 0\.01"),
+    ("model.d_model=512", r"no run of the sweep matches.*model\.d_model: 64, 128, 256"),
+])
+def test_bad_conditions_are_refused_by_name(plan, condition, message):
+    with pytest.raises(SweepError, match=message):
+        select_where(plan, [condition])
+
+
+def test_cli_where_dry_run(tmp_path):
+    from harness.cli import app
+
+    result = CliRunner().invoke(app, ["sweep", str(GRID), "--dry-run", "--executor", "gpus", "--results",
+                                      str(tmp_path), "--where", "model.d_model=256", "--mixer", "gdn"])
+    assert result.exit_code == 0, result.output
+    assert "mqar-paper: 4 run(s)" in result.output and result.output.count("to run") == 4  # empty results
+    bad = CliRunner().invoke(app, ["sweep", str(GRID), "--dry-run", "--executor", "gpus", "--results",
+                                   str(tmp_path), "--where", "model.width=256"])
+    assert bad.exit_code == 2 and "model.width is not a `set` or `vary` key" in bad.output
