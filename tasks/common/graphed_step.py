@@ -49,6 +49,9 @@ class GraphedSteps:
         self.side = torch.cuda.Stream()
         self.graph_steps = 0
         self.new_shape_s = 0.0  # wall time of the first step of each shape: compile and capture
+        # Per new shape: {batch, seq_len, scored, first_step_s (eager: the compile, or a cache
+        # load), capture_s}, in the order met.
+        self.new_shapes: list[dict[str, float]] = []
 
     def step(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:
         """Train on tokens, labels [B, T] (on the GPU) with `scored` labelled positions.
@@ -71,10 +74,15 @@ class GraphedSteps:
         with torch.cuda.stream(self.side):
             loss = self._eager(tokens, labels, scored)
         torch.cuda.current_stream().wait_stream(self.side)
+        torch.cuda.synchronize()
+        eager_done = time.perf_counter()
         if len(self.captured) < MAX_GRAPHS:
             self.captured[key] = self._capture(tokens, labels, scored)
         torch.cuda.synchronize()
-        self.new_shape_s += time.perf_counter() - start
+        end = time.perf_counter()
+        self.new_shape_s += end - start
+        self.new_shapes.append({"batch": key[0], "seq_len": key[1], "scored": key[2],
+                                "first_step_s": eager_done - start, "capture_s": end - eager_done})
         return loss
 
     def _eager(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:

@@ -84,6 +84,7 @@ class TrainStats:
     graphs: int = 0  # batch shapes captured
     compiled: bool = False  # the loss ran under torch.compile (optim.compile)
     new_shape_s: float = 0.0  # this process's first steps of each batch shape (compile, capture)
+    new_shapes: list[dict[str, float]] = field(default_factory=list)  # GraphedSteps.new_shapes
     resumed_at_epoch: int | None = None  # epochs a previous, cut-short run had finished (tasks.common.resume)
 
 
@@ -289,6 +290,7 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
     stats.steps, stats.final_loss, stats.train_time_s = step, loss_value, trained_s()
     stats.graph_steps, stats.graphs = graph_steps(), len(runner.captured) if runner is not None else 0
     stats.compiled, stats.new_shape_s = cfg.compile, runner.new_shape_s if runner is not None else 0.0
+    stats.new_shapes = list(runner.new_shapes) if runner is not None else []
     return stats
 
 
@@ -297,7 +299,8 @@ def step_details(stats: TrainStats) -> dict[str, object]:
     return {"mode": stats.step_mode, "steps": stats.steps, "graph_steps": stats.graph_steps, "graphs": stats.graphs,
             "steps_per_s": stats.steps / stats.train_time_s if stats.train_time_s > 0 else None,
             "resumed_at_epoch": stats.resumed_at_epoch, "compiled": stats.compiled,
-            "new_shape_s": stats.new_shape_s if stats.step_mode == "cuda_graph" else None}
+            "new_shape_s": stats.new_shape_s if stats.step_mode == "cuda_graph" else None,
+            "new_shapes": stats.new_shapes if stats.step_mode == "cuda_graph" else None}
 
 
 def _read_loss(loss: torch.Tensor, step: int, epoch: int) -> float:

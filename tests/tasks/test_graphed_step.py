@@ -110,6 +110,11 @@ def test_graphed_training_matches_eager_training(tmp_path, mixer, backend):
     # 5 + 3 batches an epoch in 3 shapes (40 rows = 5 x 8; 21 = 2 x 8 + 5): every later batch replays.
     assert on.step_mode == "cuda_graph" and off.step_mode == "eager"
     assert on.steps == off.steps == 24 and on.graphs == 3 and on.graph_steps == 24 - 3
+    # One entry per new shape, its compile and capture split: they add up to new_shape_s.
+    assert sorted((s["batch"], s["seq_len"]) for s in on.new_shapes) == [(5, 8), (8, 8), (8, 16)]
+    assert all(s["first_step_s"] > 0 and s["capture_s"] > 0 for s in on.new_shapes)
+    assert math.isclose(sum(s["first_step_s"] + s["capture_s"] for s in on.new_shapes), on.new_shape_s, rel_tol=1e-6)
+    assert off.new_shapes == []
     assert math.isclose(on.final_loss, off.final_loss, rel_tol=1e-3)
     for (name, p_on), p_off in zip(models[True].named_parameters(), models[False].parameters()):
         torch.testing.assert_close(p_on, p_off, rtol=1e-3, atol=1e-4, msg=name)
