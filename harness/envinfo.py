@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import platform
@@ -64,3 +65,12 @@ def git_commit() -> str | None:
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+@functools.cache
+def process_commit() -> str | None:
+    """git_commit() as it was at this process's first call (its first run), kept for the
+    process's life: Python goes on running the modules it imported then, so a commit or an
+    edit made while a multi-run command or a sweep worker goes on must not relabel its later
+    runs."""
+    return git_commit()

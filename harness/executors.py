@@ -96,7 +96,7 @@ def write_crash_record(job: Job, error: str, device: str, since: float) -> Outco
     time.time() when the run was handed out."""
     import datetime as dt
 
-    from harness.envinfo import git_commit, versions
+    from harness.envinfo import process_commit, versions
     from harness.records import RunRecord, write_record
     from harness.runner import RunSpec, new_run_id
     from tasks import get_task
@@ -109,7 +109,7 @@ def write_crash_record(job: Job, error: str, device: str, since: float) -> Outco
     spec = RunSpec(job.mixer, task, job.preset, task.Config.model_validate(job.config), None, job.seed)  # type: ignore[arg-type]
     record = RunRecord(
         run_id=new_run_id(spec, job.config_hash), config_hash=job.config_hash, mixer=job.mixer, task=job.task,
-        preset=job.preset, config=job.config, backend=None, device=device, versions=versions(), git_commit=git_commit(),
+        preset=job.preset, config=job.config, backend=None, device=device, versions=versions(), git_commit=process_commit(),
         seed=job.seed, started=stamp(since), finished=stamp(now), duration_s=now - since, status="failed", error=error,
     )
     path = write_record(Path(job.results), record)

@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel
 
 from harness.config import config_hash
-from harness.envinfo import device_name, git_commit, versions
+from harness.envinfo import device_name, process_commit, versions
 from harness.records import RunRecord, artifact_dir, write_record
 from harness.tracking import Tracker, table_rows
 from kernels.common.launch import recording_launches
@@ -79,8 +79,8 @@ def execute(spec: RunSpec, results: Path, tracker: Tracker, progress: Progress |
         mixer=spec.mixer, config=spec.config, device=spec.device, seed=spec.seed, artifact_dir=adir,
         resume_dir=resume, progress=progress or NullProgress(), log=tracker.log, log_every=tracker.log_every,
     )
-    # the source as it was when the run began (a tree edited during a long run must not relabel it)
-    commit, started, t0 = git_commit(), _now(), time.perf_counter()
+    # the source this process runs (a tree edited or committed meanwhile must not relabel it)
+    commit, started, t0 = process_commit(), _now(), time.perf_counter()
     tracking = tracker.start(
         name=f"{spec.mixer}·{spec.task.name}·s{spec.seed}·{chash[:8]}", group=f"{spec.task.name}/{spec.preset}",
         config={"mixer": spec.mixer, "task": spec.task.name, "preset": spec.preset, "seed": spec.seed,

@@ -79,20 +79,26 @@ def test_leaderboard_warns_about_an_unreadable_record_and_refuses_a_missing_fold
     assert not (tmp_path / "nosuch").exists()
 
 
-def test_commit_is_taken_when_the_run_starts(tmp_path, monkeypatch):
-    """A tree edited (or committed) during a long run must not relabel the run."""
-    import harness.runner as runner_module
+def test_commit_is_the_one_the_process_started_with(tmp_path, monkeypatch):
+    """A tree edited (or committed) while runs go on in one process must not relabel them: every
+    run of the process carries the commit of its first run's start."""
+    import harness.envinfo as envinfo
     from harness.config import resolve_config
     from harness.runner import RunSpec, execute
     from harness.tracking import Tracker
     from tasks import get_task
 
-    commits = iter(["aaaaaaa", "bbbbbbb"])
-    monkeypatch.setattr(runner_module, "git_commit", lambda: next(commits))
-    task = get_task("mqar")
-    spec = RunSpec("linear", task, "tiny", resolve_config(task, "tiny", None, []), torch.device("cpu"), 0)
-    record, _ = execute(spec, tmp_path, Tracker(enabled=False))
-    assert record.git_commit == "aaaaaaa"
+    commits = iter(["aaaaaaa", "bbbbbbb", "ccccccc"])
+    monkeypatch.setattr(envinfo, "git_commit", lambda: next(commits))
+    envinfo.process_commit.cache_clear()
+    try:
+        task = get_task("mqar")
+        spec = RunSpec("linear", task, "tiny", resolve_config(task, "tiny", None, []), torch.device("cpu"), 0)
+        first, _ = execute(spec, tmp_path, Tracker(enabled=False))
+        second, _ = execute(spec, tmp_path, Tracker(enabled=False))
+    finally:
+        envinfo.process_commit.cache_clear()
+    assert first.git_commit == second.git_commit == "aaaaaaa"
 
 
 def test_compare_names_a_corrupt_record_file_and_warns_about_one_in_a_folder(tmp_path):

@@ -132,7 +132,7 @@ def test_a_backend_that_cannot_run_here_is_refused_before_the_run(tmp_path, back
 def test_the_leaderboard_has_date_and_commit_columns(tmp_path, monkeypatch):
     import harness.runner as runner_module
 
-    monkeypatch.setattr(runner_module, "git_commit", lambda: "0123456789abcdef")
+    monkeypatch.setattr(runner_module, "process_commit", lambda: "0123456789abcdef")
     execute(_spec(), tmp_path, Tracker(enabled=False))
     boards, count = build_boards(tmp_path)
     md = to_markdown(boards, count, tmp_path)
