@@ -57,7 +57,9 @@ if [ "${MPS:-0}" != 0 ]; then
     if nvidia-cuda-mps-control -d && timeout 90 python3 -c "import torch; x = torch.ones(4, device='cuda'); print('mps client ok', float(x.sum()))"; then
         echo "== MPS on" | tee -a "$LOGS/mps.log"
         MPS_ON=1
-        trap 'echo quit | nvidia-cuda-mps-control; kill $(jobs -p) 2>/dev/null' EXIT
+        # Bounded: MPS's quit waits for its clients, and a worker stuck in the driver would hold
+        # the call to its limit with nothing printed.
+        trap 'echo quit | timeout 15 nvidia-cuda-mps-control; kill $(jobs -p) 2>/dev/null' EXIT
     else
         echo "== MPS could not start: running without it" | tee -a "$LOGS/mps.log"
         echo quit | nvidia-cuda-mps-control 2>/dev/null
