@@ -1,0 +1,48 @@
+"""The (mixer, d_model) compile groups of the next runs a sweep would start, for
+benchmarks/h200_mqar.sh's WARM=auto.
+
+    python -m benchmarks.warm_groups configs/mqar-paper.yaml --results R --first 4 [--mixer gdn] \
+        [--where model.d_model=256]
+
+Prints "mixer:d_model" once per group, space-separated, for the first `--first` runs of the
+selection that have no ok record under R, in the sweep's order (the runs a sweep packing that
+many to the GPU starts first). Prints nothing when every run is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.sweep import SweepError, expand, key_records, load_sweep, select_where
+
+
+def next_groups(sweep_file: Path, results: Path, first: int, mixers: list[str] | None = None,
+                where: list[str] | None = None, device_type: str = "cuda") -> list[str]:
+    """["mixer:d_model", ...] of the first `first` runs still to run, each group once, in order."""
+    plan = expand(load_sweep(sweep_file), device_type, None, mixers)
+    if where:
+        plan = select_where(plan, where)
+    todo = [p for p in plan.points if not key_records(results, p).ok][:first]
+    groups = [f"{p.mixer}:{p.config['model']['d_model']}" for p in todo]
+    return list(dict.fromkeys(groups))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep", type=Path)
+    parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument("--first", type=int, default=4, help="how many of the runs still to run")
+    parser.add_argument("--mixer", default=None, help="only these mixers (comma-separated), as harness sweep")
+    parser.add_argument("--where", action="append", default=None, help="KEY=VALUE, as harness sweep (repeatable)")
+    args, _ = parser.parse_known_args()  # the rest of a sweep's options (SWEEP_ARGS) do not select
+    mixers = [m.strip() for m in args.mixer.split(",") if m.strip()] if args.mixer else None
+    try:
+        print(" ".join(next_groups(args.sweep, args.results, args.first, mixers, args.where)))
+    except SweepError as e:
+        sys.exit(f"warm_groups: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""benchmarks/warm_groups.py: the compile groups of the next runs of the paper grid, skipping
+runs that have an ok record, each group once, in the sweep's order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.warm_groups import next_groups
+from harness.sweep import SweepError, expand, load_sweep, select_where
+
+GRID = Path(__file__).resolve().parents[2] / "configs" / "mqar-paper.yaml"
+
+
+def _fake_ok_record(results: Path, point) -> None:
+    """A record the sweep counts as done for `point` (its resolved config, status ok)."""
+    folder = results / "runs" / point.task
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"schema": "harness.run/1", "run_id": f"x-{point.config_hash}", "config_hash": point.config_hash,
+              "mixer": point.mixer, "task": point.task, "preset": point.preset, "config": point.config,
+              "metrics": {}, "details": {}, "backend": "torch", "device": "NVIDIA H200", "versions": {},
+              "git_commit": None, "seed": point.seed, "started": "2026-01-01T00:00:00+00:00",
+              "finished": "2026-01-01T00:00:01+00:00", "duration_s": 1.0, "status": "ok", "error": None}
+    (folder / f"x-{point.config_hash}.json").write_text(json.dumps(record))
+
+
+def test_groups_of_the_next_runs(tmp_path):
+    assert next_groups(GRID, tmp_path, 3) == ["softmax:64", "linear:64", "gla:64"]
+    assert next_groups(GRID, tmp_path, 4, ["gdn"], ["model.d_model=256"]) == ["gdn:256"]
+    plan = select_where(expand(load_sweep(GRID), "cuda", None, ["gdn"]), ["model.d_model=256"])
+    for point in plan.points:
+        _fake_ok_record(tmp_path, point)
+    assert next_groups(GRID, tmp_path, 4, ["gdn"], ["model.d_model=256"]) == []
+    assert next_groups(GRID, tmp_path, 2, ["gdn", "mesa"], ["model.d_model=256"]) == ["mesa:256"]
+
+
+def test_a_bad_selection_is_refused():
+    with pytest.raises(SweepError, match="model.width is not a `set` or `vary` key"):
+        next_groups(GRID, Path("/nonexistent"), 4, None, ["model.width=3"])
