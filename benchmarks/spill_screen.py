@@ -54,6 +54,10 @@ def main() -> None:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--matmul-precision", default="highest", choices=["highest", "high"],
                    help="torch's fp32 matmul precision at launch: fp32 dots are 'ieee' at highest, 'tf32' at high")
+    p.add_argument("--dot-precision", default="auto", choices=["auto", "ieee", "tf32", "tf32x3"],
+                   help="screen every kernel dot at this input precision instead of the kernels' own choice "
+                        "(dot_precision); --solve-precision likewise for the delta rules' chunk inverse")
+    p.add_argument("--solve-precision", default="auto", choices=["auto", "ieee", "tf32", "tf32x3"])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq-len", type=int, default=200)
     p.add_argument("--default-only", action="store_true", help="only the default launch settings, no variants")
@@ -73,6 +77,14 @@ def main() -> None:
     torch.set_float32_matmul_precision(args.matmul_precision)
     step = training_step(args.op, None, D, dtype=args.dtype, value_dim=args.value_dim, batch=args.batch,
                          seq_len=args.seq_len)
+    # Override the precision helpers where the kernel modules imported them (a screen of what the
+    # compiler makes of another choice; the kernels themselves are unchanged), once the step
+    # has imported them.
+    for helper, choice in (("dot_precision", args.dot_precision), ("solve_precision", args.solve_precision)):
+        if choice != "auto":
+            for module in [m for name, m in sys.modules.items() if name.startswith("kernels.")]:
+                if hasattr(module, helper):
+                    setattr(module, helper, lambda *_, fixed=choice: fixed)
 
     rows = []
     for kernel, changes in [("default", {})] + ([] if args.default_only else variants(DELTA_GRID)):
@@ -91,7 +103,8 @@ def main() -> None:
                          "failed": key in stand_in.failed})
         print(f"{kernel:10s} {changes} ({time.time() - started:.1f} s)", flush=True)
     record = {"what": __doc__.split("\n\n")[0], "op": args.op, "head_dim": D, "value_dim": args.value_dim or D,
-              "dtype": args.dtype, "matmul_precision": args.matmul_precision, "batch": args.batch,
+              "dtype": args.dtype, "matmul_precision": args.matmul_precision, "dot_precision": args.dot_precision,
+              "solve_precision": args.solve_precision, "batch": args.batch,
               "seq_len": args.seq_len, "triton": triton.__version__,
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}
     args.out.write_text(json.dumps(record, indent=1))
