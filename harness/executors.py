@@ -257,10 +257,21 @@ class WorkerPoolExecutor:
         return [write_crash_record(job, error, w.device, w.since)]
 
     def abort(self) -> None:
+        """Stop every worker now: SIGKILL to its whole process group (a worker runs in a session
+        of its own, and its runs' children, such as Inductor's compile workers, with it). A
+        worker that has not exited 10 s later (stuck in a driver call) is named on stderr and
+        left behind rather than hanging the sweep."""
         for w in self.workers:
             if w.proc is not None and w.proc.poll() is None:
-                w.proc.kill()
-                w.proc.wait()
+                try:
+                    os.killpg(w.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    w.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    print(f"harness: worker {w.label} (pid {w.proc.pid}) did not exit 10 s after SIGKILL; "
+                          "left behind", file=sys.stderr)
             w.proc, w.job = None, None
         self.selector = selectors.DefaultSelector()
 

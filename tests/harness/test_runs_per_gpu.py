@@ -3,6 +3,7 @@
 fake set of GPUs, what reaches the worker processes, and the option's validation (exit 2)."""
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -121,3 +122,47 @@ def test_cli_refuses_runs_per_gpu_with_another_executor(tmp_path):
     assert "--runs-per-gpu must be an integer of at least 1" in " ".join(out.output.split()) and not res.exists()
     out = cli.invoke(app, ["sweep", str(SMOKE), "--executor", "gpus", "--runs-per-gpu", "2", "--dry-run", "--results", str(res)])
     assert out.exit_code == 0 and "to run" in out.output, out.output
+
+
+BUSY_WORKER = r"""
+import json, subprocess, sys, time
+print(json.dumps({"hello": "fake device"}), flush=True)
+for line in sys.stdin:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(sys.argv[1], "w").write(str(child.pid))
+    time.sleep(600)  # a run that does not end by itself
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent) counts as gone
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+    except OSError:
+        return False
+
+
+def test_abort_stops_a_busy_worker_and_its_children(tmp_path):
+    """Stopping a sweep kills the worker of a run in flight and what that run started (compile
+    workers), at once, instead of waiting on them."""
+    pid_file = tmp_path / "child.pid"
+    envs, labels = gpu_slot_envs(["0"], 1, cpu_count=2)
+    pool = WorkerPoolExecutor(envs, labels, "cuda", tmp_path / "logs", wandb=False,
+                              argv=[sys.executable, "-c", BUSY_WORKER, str(pid_file)])
+    pool.submit(_job(0, tmp_path))
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        pool.poll(0.2)
+    worker_pid, child_pid = pool.workers[0].proc.pid, int(pid_file.read_text())
+    assert _alive(worker_pid) and _alive(child_pid)
+    started = time.monotonic()
+    pool.abort()
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 10
+    while _alive(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker_pid) and not _alive(child_pid)
+    assert all(w.proc is None for w in pool.workers)
