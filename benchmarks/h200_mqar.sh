@@ -120,9 +120,9 @@ warms=()
 # process per group and training length (WARM_LENGTHS, default the zoology preset's 64 128 256)
 # side by side, the host's cores shared out (benchmarks/warm_compile_cache.py), so runs packed
 # together load their graphs instead of each compiling them at once. WARM_SETS: the sweep's `set`.
-# WARM=auto: the groups of the first PACK runs still to run (benchmarks/warm_groups.py).
+# WARM=auto: the groups of the first PACK (or WARM_FIRST) runs still to run (benchmarks/warm_groups.py).
 if [ "${WARM:-}" = auto ]; then  # the groups of the first PACK runs the (first) sweep will start
-    WARM=$(python3 -m benchmarks.warm_groups ${SWEEP%% *} --results "$R/sweep" --first "$PACK" $SWEEP_ARGS)
+    WARM=$(python3 -m benchmarks.warm_groups ${SWEEP%% *} --results "$R/sweep" --first "${WARM_FIRST:-$PACK}" $SWEEP_ARGS)
     echo "== WARM=auto: ${WARM:-nothing left to run}"
 fi
 if [ -n "${WARM:-}" ]; then
