@@ -10,7 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from harness.runner import resume_dir
 from harness.sweep import Plan, SweepEvents, SweepPoint, SweepSummary, key_records
+from tasks.common.resume import STATE_FILE
 
 console = Console()
 err_console = Console(stderr=True)
@@ -102,8 +104,10 @@ def print_plan(plan: Plan, results: Path) -> None:
     styles = {"done": "[green]done[/]", "failed": "[red]failed[/]", "pending": "to run"}
     for i, p in enumerate(plan.points, 1):
         overrides = ", ".join(f"{k}={v}" for k, v in p.overrides) or "–"
-        state = key_records(results, p).state
-        table.add_row(str(i), p.task, p.preset, p.mixer, str(p.seed), overrides, p.key, styles[state])
+        state = styles[key_records(results, p).state]
+        if state == styles["pending"] and (resume_dir(results, p.task, p.config_hash, p.device_type) / STATE_FILE).exists():
+            state = "to run, resumes"  # a cut-short run's training state is waiting for it
+        table.add_row(str(i), p.task, p.preset, p.mixer, str(p.seed), overrides, p.key, state)
     console.print(table)
     if plan.duplicates:
         console.print(f"[dim]{plan.duplicates} duplicate point(s) of the grid dropped (same resolved config).[/]")

@@ -58,3 +58,19 @@ def test_cli_where_dry_run(tmp_path):
     bad = CliRunner().invoke(app, ["sweep", str(GRID), "--dry-run", "--executor", "gpus", "--results",
                                    str(tmp_path), "--where", "model.width=256"])
     assert bad.exit_code == 2 and "model.width is not a `set` or `vary` key" in bad.output
+
+
+def test_dry_run_says_which_runs_resume(tmp_path):
+    """A run whose cut-short training state waits under <results>/.resume shows as resuming."""
+    from harness.cli import app
+
+    plan = select_where(expand(load_sweep(GRID), "cuda", None, ["gdn"]), ["model.d_model=256", "optim.lr=0.01"])
+    (point,) = plan.points
+    state = tmp_path / ".resume" / "mqar" / point.key
+    state.mkdir(parents=True)
+    (state / "train_state.pt").write_bytes(b"stand-in")
+    result = CliRunner().invoke(app, ["sweep", str(GRID), "--dry-run", "--executor", "gpus", "--results",
+                                      str(tmp_path), "--where", "model.d_model=256", "--mixer", "gdn"],
+                                env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert result.output.count("to run, resumes") == 1 and result.output.count("to run") == 4
