@@ -60,17 +60,19 @@ def test_cli_where_dry_run(tmp_path):
     assert bad.exit_code == 2 and "model.width is not a `set` or `vary` key" in bad.output
 
 
-def test_dry_run_says_which_runs_resume(tmp_path):
+def test_dry_run_says_which_runs_resume(tmp_path, monkeypatch):
     """A run whose cut-short training state waits under <results>/.resume shows as resuming."""
-    from harness.cli import app
+    from rich.console import Console
 
-    plan = select_where(expand(load_sweep(GRID), "cuda", None, ["gdn"]), ["model.d_model=256", "optim.lr=0.01"])
-    (point,) = plan.points
-    state = tmp_path / ".resume" / "mqar" / point.key
+    import harness.sweep_view as sweep_view
+
+    plan = select_where(expand(load_sweep(GRID), "cuda", None, ["gdn"]), ["model.d_model=256"])
+    state = tmp_path / ".resume" / "mqar" / plan.points[0].key
     state.mkdir(parents=True)
     (state / "train_state.pt").write_bytes(b"stand-in")
-    result = CliRunner().invoke(app, ["sweep", str(GRID), "--dry-run", "--executor", "gpus", "--results",
-                                      str(tmp_path), "--where", "model.d_model=256", "--mixer", "gdn"],
-                                env={"COLUMNS": "250"})
-    assert result.exit_code == 0, result.output
-    assert result.output.count("to run, resumes") == 1 and result.output.count("to run") == 4
+    wide = Console(width=300, record=True)
+    monkeypatch.setattr(sweep_view, "console", wide)
+    sweep_view.print_plan(plan, tmp_path)
+    rows = [line for line in wide.export_text().splitlines() if "mqar" in line and "zoology" in line]
+    assert len(rows) == 4
+    assert "to run, resumes" in rows[0] and all("to run" in r and "resumes" not in r for r in rows[1:])
