@@ -119,7 +119,8 @@ warms=()
 # WARM="gdn:256 mesa:64": fill the compile caches for those (mixer, d_model) groups first, one
 # process per group and training length (WARM_LENGTHS, default the zoology preset's 64 128 256)
 # side by side, the host's cores shared out (benchmarks/warm_compile_cache.py), so runs packed
-# together load their graphs instead of each compiling them at once. WARM_SETS: the sweep's `set`.
+# together load their graphs instead of each compiling them at once, from the (first) sweep's own
+# config of each group; WARM_SETS: more --set overrides.
 # WARM=auto: the groups of the first PACK (or WARM_FIRST) runs still to run (benchmarks/warm_groups.py).
 if [ "${WARM:-}" = auto ]; then  # the groups of the first PACK runs the (first) sweep will start
     WARM=$(python3 -m benchmarks.warm_groups ${SWEEP%% *} --results "$R/sweep" --first "${WARM_FIRST:-$PACK}" $SWEEP_ARGS)
@@ -133,7 +134,7 @@ if [ -n "${WARM:-}" ]; then
         for len in ${WARM_LENGTHS:-64 128 256}; do
             TORCHINDUCTOR_COMPILE_THREADS=$warm_threads timeout 300 python3 -m benchmarks.warm_compile_cache \
                 --mixer "${group%%:*}" --d-model "${group#*:}" --seq-len "$len" \
-                ${WARM_SETS:---set model.mixer.backend=torch --set optim.matmul_precision=high --set optim.compile=true} \
+                --sweep ${SWEEP%% *} $WARM_SETS \
                 >"$LOGS/warm-${group%%:*}-${group#*:}-$len.log" 2>&1 &
             warms+=($!)
         done

@@ -1,12 +1,15 @@
 """Fill the torch.compile caches for the MQAR runs a GPU call is about to pack side by side.
 
+    python -m benchmarks.warm_compile_cache --mixer gdn --d-model 256 --sweep configs/mqar-paper.yaml \
+        [--seq-len 256 ...]
     python -m benchmarks.warm_compile_cache --mixer gdn --d-model 256 [--preset zoology] \
-        [--set optim.matmul_precision=high ...] [--seq-len 256 ...]
+        [--set optim.matmul_precision=high ...]
 
 Runs packed on one GPU start together, so each compiles the same graphs at once and none finds
 them in Inductor's caches (the FX graph and AOT autograd caches under TORCHINDUCTOR_CACHE_DIR),
 while runs that differ only in the learning rate or the seed trace identical graphs. This
-builds the task's model from the same config, compiles its loss as training does
+builds the task's model from the same config (with --sweep, the preset and `set`/`vary`
+overrides of the sweep's first run of that mixer and width, so it cannot drift from the runs), compiles its loss as training does
 (tasks.common.training.compiled_loss), and runs one forward and backward at each training
 length, so a run started afterwards loads every graph from the cache instead of compiling it.
 Prints the seconds per length and the cache counters. The cache key does not depend on
@@ -18,11 +21,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
 
+from benchmarks.warm_groups import group_point
 from harness.config import resolve_config
+from harness.sweep import SweepError, set_item
 from tasks.common.model import MixerLM
 from tasks.common.training import compiled_loss, float32_matmul
 from tasks.mqar import MQAR
@@ -66,16 +72,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mixer", required=True)
     parser.add_argument("--d-model", type=int, required=True)
-    parser.add_argument("--preset", default="zoology")
+    parser.add_argument("--sweep", type=Path, default=None,
+                        help="take the preset and overrides of this sweep's first run of the mixer and width")
+    parser.add_argument("--preset", default="zoology", help="without --sweep")
     parser.add_argument("--set", action="append", default=[], dest="sets",
-                        help="a config override as the sweep sets it (repeatable)")
+                        help="a config override, after the sweep's (repeatable)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--seq-len", type=int, action="append", dest="seq_lens",
                         help="compile only this training length (repeatable; default: all of them)")
     args = parser.parse_args()
-    sets = [f"model.d_model={args.d_model}", *args.sets]
+    preset, sets = args.preset, [f"model.d_model={args.d_model}", *args.sets]
+    if args.sweep is not None:
+        try:
+            point = group_point(args.sweep, args.mixer, args.d_model)
+        except SweepError as e:
+            raise SystemExit(f"warm_compile_cache: {e}") from None
+        preset, sets = point.preset, [*(set_item(k, v) for k, v in point.overrides), *args.sets]
     start = time.perf_counter()
-    rows = warm(args.mixer, args.preset, sets, args.device, set(args.seq_lens) if args.seq_lens else None)
+    rows = warm(args.mixer, preset, sets, args.device, set(args.seq_lens) if args.seq_lens else None)
     per_length = ", ".join(f"T {r['seq_len']} {r['seconds']:.1f} s" for r in rows)
     print(f"warm {args.mixer} d_model {args.d_model}: {per_length}; {time.perf_counter() - start:.1f} s in all; "
           f"inductor {dict(counters['inductor'])}; aot {dict(counters['aot_autograd'])}", flush=True)

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.sweep import SweepError, expand, key_records, load_sweep, select_where
+from harness.sweep import SweepError, SweepPoint, expand, key_records, load_sweep, select_where
 
 
 def next_groups(sweep_file: Path, results: Path, first: int, mixers: list[str] | None = None,
@@ -27,6 +27,15 @@ def next_groups(sweep_file: Path, results: Path, first: int, mixers: list[str] |
     todo = [p for p in plan.points if not key_records(results, p).ok][:first]
     groups = [f"{p.mixer}:{p.config['model']['d_model']}" for p in todo]
     return list(dict.fromkeys(groups))
+
+
+def group_point(sweep_file: Path, mixer: str, d_model: int, device_type: str = "cuda") -> SweepPoint:
+    """The sweep's first run of `mixer` at `d_model`: its preset and overrides are what every run
+    of the group compiles (they differ in lr and seed, which the graphs do not see)."""
+    for point in expand(load_sweep(sweep_file), device_type, None, [mixer]).points:
+        if point.config["model"]["d_model"] == d_model:
+            return point
+    raise SweepError(f"{sweep_file} has no run of {mixer} at d_model {d_model}")
 
 
 def main() -> None:

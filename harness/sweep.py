@@ -156,8 +156,9 @@ class Plan:
     duplicates: int = 0
 
 
-def _set_item(key: str, value: Any) -> str:
-    # YAML text that safe_load reads back as `value` exactly: the same path as `--set`.
+def set_item(key: str, value: Any) -> str:
+    """One override as `--set` takes it: KEY=YAML text that safe_load reads back as `value`
+    exactly (the same path as `harness run --set`)."""
     return f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
 
 
@@ -203,7 +204,7 @@ def expand(
             for preset, combo in itertools.product(presets, itertools.product(*(vals for _, vals in axes))):
                 overrides = tuple(fixed.items()) + tuple((k, v) for (k, _), v in zip(axes, combo))
                 try:
-                    cfg = resolve_config(task, preset, None, [_set_item(k, v) for k, v in overrides])
+                    cfg = resolve_config(task, preset, None, [set_item(k, v) for k, v in overrides])
                 except ConfigError as e:
                     errors.append(f"{where} (task {task_name}, preset {preset}): {e}")
                     continue

@@ -48,10 +48,14 @@ class GraphedSteps:
         self.captured: dict[tuple[int, int, int], _Captured] = {}
         self.side = torch.cuda.Stream()
         self.graph_steps = 0
-        self.new_shape_s = 0.0  # wall time of the first step of each shape: compile and capture
         # Per new shape: {batch, seq_len, scored, first_step_s (eager: the compile, or a cache
         # load), capture_s}, in the order met.
         self.new_shapes: list[dict[str, float]] = []
+
+    @property
+    def new_shape_s(self) -> float:
+        """Wall time of the first step of each shape so far: compile and capture."""
+        return sum(s["first_step_s"] + s["capture_s"] for s in self.new_shapes)
 
     def step(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:
         """Train on tokens, labels [B, T] (on the GPU) with `scored` labelled positions.
@@ -80,7 +84,6 @@ class GraphedSteps:
             self.captured[key] = self._capture(tokens, labels, scored)
         torch.cuda.synchronize()
         end = time.perf_counter()
-        self.new_shape_s += end - start
         self.new_shapes.append({"batch": key[0], "seq_len": key[1], "scored": key[2],
                                 "first_step_s": eager_done - start, "capture_s": end - eager_done})
         return loss

@@ -39,3 +39,19 @@ def test_groups_of_the_next_runs(tmp_path):
 def test_a_bad_selection_is_refused():
     with pytest.raises(SweepError, match="model.width is not a `set` or `vary` key"):
         next_groups(GRID, Path("/nonexistent"), 4, None, ["model.width=3"])
+
+
+def test_group_point_gives_the_config_the_group_runs():
+    """The warm-up's --sweep config: the preset and overrides of the group's first run resolve
+    to that run's config, so the graphs it compiles are the runs' own."""
+    from benchmarks.warm_groups import group_point
+    from harness.config import resolve_config
+    from harness.sweep import set_item
+    from tasks.mqar import MQAR
+
+    point = group_point(GRID, "gdn", 256)
+    assert point.mixer == "gdn" and point.config["model"]["d_model"] == 256
+    cfg = resolve_config(MQAR, point.preset, None, [set_item(k, v) for k, v in point.overrides])
+    assert cfg.model_dump(mode="json") == point.config and cfg.optim.compile is True
+    with pytest.raises(SweepError, match="no run of gdn at d_model 512"):
+        group_point(GRID, "gdn", 512)
