@@ -253,7 +253,7 @@ def _same_value(have: Any, wanted_text: str) -> bool:
 
 def select_where(plan: Plan, conditions: list[str]) -> Plan:
     """The points of `plan` whose `set`/`vary` value of each KEY equals VALUE, for conditions
-    "KEY=VALUE" (e.g. model.d_model=256); their run keys are those of the whole grid, so a
+    "KEY=VALUE" (e.g. model.d_model=256) or "KEY=V1,V2" (any of the values); their run keys are those of the whole grid, so a
     selection resumes and fills the same sweep. SweepError naming the keys and values the
     sweep has when a condition is malformed, names no key of the sweep or selects nothing."""
     values: dict[str, list[Any]] = {}
@@ -271,12 +271,37 @@ def select_where(plan: Plan, conditions: list[str]) -> Plan:
                              f"values (this sweep has {known})")
         if key not in values:
             raise SweepError(f"--where {text!r}: {key} is not a `set` or `vary` key of this sweep (it has {known})")
-        parsed.append((key, wanted))
+        alternatives = [w.strip() for w in wanted.split(",")]
+        if not all(alternatives):
+            raise SweepError(f"--where {text!r}: an empty value in the list (give KEY=V1,V2 with values of {key}: "
+                             f"{', '.join(json.dumps(v) for v in values[key])})")
+        parsed.append((key, alternatives))
     kept = [p for p in plan.points
-            if all(any(k == key and _same_value(v, wanted) for k, v in p.overrides) for key, wanted in parsed)]
+            if all(any(k == key and any(_same_value(v, w) for w in wanted) for k, v in p.overrides)
+                   for key, wanted in parsed)]
     if not kept:
         raise SweepError(f"--where {' '.join(conditions)}: no run of the sweep matches (it has {known})")
     return Plan(plan.name, plan.device, kept, plan.duplicates)
+
+
+def select_keys(plan: Plan, prefixes: list[str]) -> Plan:
+    """The points of `plan` whose run key starts with one of `prefixes` (at least 6 hex digits
+    each, as `--dry-run` prints them), in the order given, so the first ones start first.
+    SweepError when a prefix is too short, matches no run or more than one."""
+    chosen = []
+    for prefix in prefixes:
+        prefix = prefix.strip().lower()
+        if len(prefix) < 6 or any(c not in "0123456789abcdef" for c in prefix):
+            raise SweepError(f"--key {prefix!r}: give at least 6 hex digits of a run key (as --dry-run prints them)")
+        matches = [p for p in plan.points if p.key.startswith(prefix)]
+        if not matches:
+            raise SweepError(f"--key {prefix}: no run of this selection has a key starting so ({len(plan.points)} "
+                             "run(s); see --dry-run)")
+        if len(matches) > 1:
+            raise SweepError(f"--key {prefix}: {len(matches)} runs have keys starting so; give more digits")
+        if matches[0] not in chosen:
+            chosen.append(matches[0])
+    return Plan(plan.name, plan.device, chosen, plan.duplicates)
 
 
 # -- records of a key ------------------------------------------------------------------

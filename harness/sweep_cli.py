@@ -47,13 +47,16 @@ def sweep_cmd(
     start_for: Optional[float] = typer.Option(None, "--start-for", help="start new runs only during the first "
                                               "SECONDS (> 0), then wait for those in flight and stop"),
     where: Optional[list[str]] = typer.Option(None, "--where", help="only runs whose `set`/`vary` value KEY is "
-                                              "VALUE: KEY=VALUE, e.g. model.d_model=256 (repeatable; numbers "
-                                              "compare as numbers)"),
+                                              "VALUE: KEY=VALUE, e.g. model.d_model=256, or one of several: "
+                                              "KEY=V1,V2 (repeatable, all must hold; numbers compare as numbers)"),
+    key: Optional[str] = typer.Option(None, "--key", help="only the runs whose key starts with one of these "
+                                      "prefixes (comma-separated, >= 6 hex digits each, as --dry-run prints "
+                                      "them), started in the order given"),
 ) -> None:
     """Run a sweep file; resumable: runs that already have an ok record are skipped."""
     from harness.executors import ExecutorError, check_executor, make_executor
     from harness.runner import DeviceError, resolve_device
-    from harness.sweep import SweepError, expand, load_sweep, run_sweep, select_where
+    from harness.sweep import SweepError, expand, load_sweep, run_sweep, select_keys, select_where
     from harness.sweep_view import SweepView, print_plan, print_summary
 
     if start_for is not None and not start_for > 0:
@@ -67,6 +70,8 @@ def sweep_cmd(
         plan = expand(sweep, guess, _split(task), _split(mixer))
         if where:
             plan = select_where(plan, where)
+        if key:
+            plan = select_keys(plan, _split(key))
     except (SweepError, ExecutorError, DeviceError) as e:
         raise _fail(str(e)) from None
     from harness.cli import warn

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.sweep import SweepError, expand, load_sweep, select_where
+from harness.sweep import SweepError, expand, load_sweep, select_keys, select_where
 
 GRID = Path(__file__).resolve().parents[2] / "configs" / "mqar-paper.yaml"
 
@@ -37,7 +37,16 @@ def test_numbers_compare_as_numbers(plan):
     assert [p.key for p in a] == [p.key for p in b] and len(a) == 21
 
 
+def test_a_list_of_values_selects_any_of_them(plan):
+    chosen = select_where(plan, ["model.d_model=256", "optim.lr=0.001, 3.162e-3"]).points
+    assert len(chosen) == 14  # seven mixers x two lrs
+    assert {round(dict(p.overrides)["optim.lr"], 6) for p in chosen} == {0.001, 0.003162}
+    single = {p.key for p in select_where(plan, ["model.d_model=256", "optim.lr=0.001"]).points}
+    assert single < {p.key for p in chosen}
+
+
 @pytest.mark.parametrize("condition, message", [
+    ("optim.lr=0.001,", r"an empty value in the list.*0\.001"),
     ("model.d_model", r"give KEY=VALUE.*model\.d_model: 64, 128, 256"),
     ("=256", r"give KEY=VALUE"),
     ("model.n_layers=2", r"model\.n_layers is not a `set` or `vary` key of this sweep.*optim\.lr: 0\.01"),
@@ -76,3 +85,28 @@ def test_dry_run_says_which_runs_resume(tmp_path, monkeypatch):
     rows = [line for line in wide.export_text().splitlines() if "mqar" in line and "zoology" in line]
     assert len(rows) == 4
     assert "to run, resumes" in rows[0] and all("to run" in r and "resumes" not in r for r in rows[1:])
+
+
+def test_keys_select_in_the_order_given(plan):
+    last, first = plan.points[-1].key, plan.points[0].key
+    chosen = select_keys(plan, [last[:8], first[:10].upper()]).points
+    assert [p.key for p in chosen] == [last, first]
+
+
+@pytest.mark.parametrize("prefix, message", [
+    ("abc", r"at least 6 hex digits"), ("zzzzzzzz", r"at least 6 hex digits"),
+    ("ffffffffffff", r"no run of this selection"),
+])
+def test_bad_keys_are_refused(plan, prefix, message):
+    with pytest.raises(SweepError, match=message):
+        select_keys(plan, [prefix])
+
+
+def test_an_ambiguous_prefix_is_refused(plan):
+    from types import SimpleNamespace
+
+    from harness.sweep import Plan
+
+    twins = [SimpleNamespace(key=f"abcdef{i:010x}") for i in range(2)]  # select_keys reads only .key
+    with pytest.raises(SweepError, match=r"2 runs have keys starting so; give more digits"):
+        select_keys(Plan(plan.name, plan.device, twins, plan.duplicates), ["abcdef"])
