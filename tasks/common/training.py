@@ -151,14 +151,28 @@ def compiled_loss(model: MixerLM) -> Callable[..., tuple[torch.Tensor, torch.Ten
     """model.loss with its forward and backward under torch.compile: one graph per sequence
     length, the batch dimension and the scored count dynamic (a recall task's settings differ
     in length, and each one's last batch is partial). The sequence length stays static: the
-    chunkwise ops' state pass is a Python loop over chunks. Evaluation keeps the eager model."""
+    chunkwise ops' state pass is a Python loop over chunks. Evaluation keeps the eager model.
+
+    A batch narrower than the widest one so far is padded to it with unscored rows (token 0,
+    labels -100), which leave the loss and every gradient as they are: Inductor's code for a
+    dynamic batch holds guards on its size (on the CPU `33 <= batch`; on an H200 the gated delta
+    rule's graphs compiled again for each setting's last batch of 32 rows, about 30 s each),
+    and the padded step reuses the full batch's graph. Dropout draws masks for the padded rows
+    too, so a partial batch's masks differ from an unpadded step's."""
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, COMPILED_SHAPES)
     inner = torch.compile(model.loss_at)
+    widest = 0
 
     def loss(tokens: torch.Tensor, labels: torch.Tensor,
              scored: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        nonlocal widest
         if scored is None:  # eager steps count on the host; graphed steps pass the count
             scored = int((labels != -100).sum())
+        rows = tokens.shape[0]
+        if rows < widest:
+            tokens = torch.nn.functional.pad(tokens, (0, 0, 0, widest - rows))
+            labels = torch.nn.functional.pad(labels, (0, 0, 0, widest - rows), value=-100)
+        widest = max(widest, rows)
         where = scored_positions(labels, scored)
         for t in (tokens, labels, where):
             torch._dynamo.mark_dynamic(t, 0)

@@ -72,3 +72,32 @@ def test_compiled_loss_keeps_one_graph_per_length_across_batch_sizes():
         scored = int((y != -100).sum())
         torch.testing.assert_close(loss_fn(x, y, scored)[0], model.loss(x, y, scored)[0], rtol=1e-5, atol=1e-6)
     assert counters["stats"]["unique_graphs"] - before == 2
+
+
+def test_a_narrower_batch_is_padded_to_the_widest_graph():
+    # Inductor's CPU code for a dynamic batch guards `33 <= batch`: a last batch of 8 rows after
+    # batches of 40 compiled a second graph before partial batches were padded. The padded rows
+    # are unscored, so the loss and the gradients are those of the 8 rows alone.
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(9)
+    model, eager = _lm("gdn"), _lm("gdn")
+    model.eval(), eager.eval()  # dropout off: padded and unpadded steps then draw nothing
+    loss_fn = compiled_loss(model)
+    before = counters["stats"]["unique_graphs"]
+    for rows in (40, 8, 40, 3):
+        x, y = torch.randint(0, 32, (rows, 64), generator=g), torch.randint(0, 32, (rows, 64), generator=g)
+        y[:, ::2] = -100  # 64 tokens, one whole chunk: at 12 tokens no guard on the batch arises
+        scored = int((y != -100).sum())
+        for p in (*model.parameters(), *eager.parameters()):
+            p.grad = None
+        loss_c, pred_c, target_c = loss_fn(x, y, scored)
+        loss_e, pred_e, target_e = eager.loss(x, y, scored)
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-6)
+        assert torch.equal(target_c, target_e) and pred_c.shape == (scored,)
+        loss_c.backward()
+        loss_e.backward()
+        for (name, p_c), p_e in zip(model.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+    assert counters["stats"]["unique_graphs"] - before == 1
