@@ -7,6 +7,8 @@
 # back gzipped as $OUT/resume.tgz.part-* (15 MiB pieces); `cat` them into .resume-carry/resume.tgz
 # (or unpack them into .resume-carry/) and carry it on the next call, and those runs go on from
 # their last epoch. Logs come back in logs.tgz, the background GPU tests' in gpu_tests.tgz.
+# CACHE_BACK=1 brings Inductor's compile cache back too ($OUT/inductor-cache.tgz.part-*: `cat`
+# them into .resume-carry/inductor-cache.tgz), and a call that finds it there starts from it.
 #   SWEEP=configs/mqar-paper.yaml DEADLINE_S=570 PACK=6 bash benchmarks/h200_mqar.sh
 # SWEEP_ARGS: more options of `harness sweep` (e.g. --mixer gdn --where model.d_model=256). START_FOR=S: runs start only in
 # the sweep's first S seconds (a run started later is cut at the deadline, its state may not fit
@@ -115,6 +117,13 @@ fi
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-4}
 # One cache for the warm-ups and every run (the workers inherit it).
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
+# A previous call's compile cache (CACHE_BACK below), carried up in .resume-carry: the runs load
+# their graphs and Triton binaries instead of compiling them (the cache keys hold the torch,
+# Triton, CUDA and GPU versions and each graph's code, so a changed tree or machine misses).
+if [ -f .resume-carry/inductor-cache.tgz ]; then
+    mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && tar xzf .resume-carry/inductor-cache.tgz -C "$TORCHINDUCTOR_CACHE_DIR" \
+        && echo "== compile cache from the last call: $(du -sh "$TORCHINDUCTOR_CACHE_DIR" | cut -f1)"
+fi
 warms=()
 # WARM="gdn:256 mesa:64": fill the compile caches for those (mixer, d_model) groups first, one
 # process per group and training length (WARM_LENGTHS, default the zoology preset's 64 128 256)
@@ -220,6 +229,20 @@ if [ -n "$(ls -A "$R/sweep/.resume" 2>/dev/null)" ]; then
     # A call returns at most 64 MiB: the states furthest along come back, up to RESUME_MB.
     ( cd "$R/sweep/.resume" && PYTHONPATH="$OLDPWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m benchmarks.resume_pick --budget-mb "${RESUME_MB:-48}" . ) >"$LOGS/resume_pick.txt"
     tar czf - -C "$R/sweep/.resume" -T "$LOGS/resume_pick.txt" | split -b 15m - "$OUT/resume.tgz.part-"
+fi
+# CACHE_BACK=1: the compile cache comes back as $OUT/inductor-cache.tgz when it fits what the
+# call may still return (64 MiB less the records, states and logs, CACHE_MB at most); carry it up
+# in .resume-carry/ and the next call's runs of the same groups skip their compiles.
+if [ "${CACHE_BACK:-0}" != 0 ] && [ -d "$TORCHINDUCTOR_CACHE_DIR" ]; then
+    tar czf /tmp/inductor-cache.tgz -C "$TORCHINDUCTOR_CACHE_DIR" --exclude=locks . 2>/dev/null
+    used=$(du -cm "$OUT"/records.tgz "$OUT"/resume.tgz.part-* 2>/dev/null | tail -n 1 | cut -f1)
+    size=$(du -m /tmp/inductor-cache.tgz | cut -f1)
+    room=$(( 60 - used )); [ "$room" -le "${CACHE_MB:-24}" ] || room=${CACHE_MB:-24}
+    if [ "$size" -le "$room" ]; then
+        split -b 15m /tmp/inductor-cache.tgz "$OUT/inductor-cache.tgz.part-" && echo "== compile cache back: $size MiB"
+    else
+        echo "== compile cache left behind: $size MiB, room for $room"
+    fi
 fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
 ls -la "$OUT"
