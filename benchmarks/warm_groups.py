@@ -2,11 +2,12 @@
 benchmarks/h200_mqar.sh's WARM=auto.
 
     python -m benchmarks.warm_groups configs/mqar-paper.yaml --results R --first 4 [--mixer gdn] \
-        [--where model.d_model=256]
+        [--where model.d_model=256] [--key 1a2b3c4d,5e6f7a8b]
 
 Prints "mixer:d_model" once per group, space-separated, for the first `--first` runs of the
 selection that have no ok record under R, in the sweep's order (the runs a sweep packing that
-many to the GPU starts first). Prints nothing when every run is done.
+many to the GPU starts first; with --key, in the order of the keys). Prints nothing when every
+run is done.
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.sweep import SweepError, SweepPoint, expand, key_records, load_sweep, select_where
+from harness.sweep import SweepError, SweepPoint, expand, key_records, load_sweep, select_keys, select_where
 
 
 def next_groups(sweep_file: Path, results: Path, first: int, mixers: list[str] | None = None,
-                where: list[str] | None = None, device_type: str = "cuda") -> list[str]:
-    """["mixer:d_model", ...] of the first `first` runs still to run, each group once, in order."""
+                where: list[str] | None = None, device_type: str = "cuda",
+                keys: list[str] | None = None) -> list[str]:
+    """["mixer:d_model", ...] of the first `first` runs still to run, each group once, in order
+    (the selection as `harness sweep --mixer --where --key` makes it)."""
     plan = expand(load_sweep(sweep_file), device_type, None, mixers)
     if where:
         plan = select_where(plan, where)
+    if keys:
+        plan = select_keys(plan, keys)
     todo = [p for p in plan.points if not key_records(results, p).ok][:first]
     groups = [f"{p.mixer}:{p.config['model']['d_model']}" for p in todo]
     return list(dict.fromkeys(groups))
@@ -45,10 +50,12 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=4, help="how many of the runs still to run")
     parser.add_argument("--mixer", default=None, help="only these mixers (comma-separated), as harness sweep")
     parser.add_argument("--where", action="append", default=None, help="KEY=VALUE, as harness sweep (repeatable)")
+    parser.add_argument("--key", default=None, help="run-key prefixes (comma-separated), as harness sweep")
     args, _ = parser.parse_known_args()  # the rest of a sweep's options (SWEEP_ARGS) do not select
     mixers = [m.strip() for m in args.mixer.split(",") if m.strip()] if args.mixer else None
     try:
-        print(" ".join(next_groups(args.sweep, args.results, args.first, mixers, args.where)))
+        keys = [k.strip() for k in args.key.split(",") if k.strip()] if args.key else None
+        print(" ".join(next_groups(args.sweep, args.results, args.first, mixers, args.where, keys=keys)))
     except SweepError as e:
         sys.exit(f"warm_groups: {e}")
 

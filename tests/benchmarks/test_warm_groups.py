@@ -36,6 +36,16 @@ def test_groups_of_the_next_runs(tmp_path):
     assert next_groups(GRID, tmp_path, 2, ["gdn", "mesa"], ["model.d_model=256"]) == ["mesa:256"]
 
 
+def test_keys_give_the_groups_in_their_order(tmp_path):
+    plan = expand(load_sweep(GRID), "cuda")
+    mesa_256 = next(p for p in plan.points if p.mixer == "mesa" and p.config["model"]["d_model"] == 256)
+    gla_64 = next(p for p in plan.points if p.mixer == "gla" and p.config["model"]["d_model"] == 64)
+    keys = [mesa_256.key[:8], gla_64.key[:8]]
+    assert next_groups(GRID, tmp_path, 4, keys=keys) == ["mesa:256", "gla:64"]
+    _fake_ok_record(tmp_path, mesa_256)
+    assert next_groups(GRID, tmp_path, 4, keys=keys) == ["gla:64"]
+
+
 def test_a_bad_selection_is_refused():
     with pytest.raises(SweepError, match="model.width is not a `set` or `vary` key"):
         next_groups(GRID, Path("/nonexistent"), 4, None, ["model.width=3"])
