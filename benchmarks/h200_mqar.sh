@@ -45,6 +45,7 @@ elif [ -d .resume-carry ]; then mkdir -p "$R/sweep/.resume" && cp -r .resume-car
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
 ( while true; do sleep 20; tar czf "$OUT/records.tgz.tmp" --exclude=.resume -C "$R" . 2>/dev/null && mv "$OUT/records.tgz.tmp" "$OUT/records.tgz"; done ) &
+SNAPSHOTS=$!
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 15 >"$LOGS/smi.csv" 2>&1 &
 # The device call lasts until every process it started exits: stop the two loops at the end.
 trap 'kill $(jobs -p) 2>/dev/null' EXIT
@@ -223,6 +224,10 @@ for rec in sorted((root / "sweep" / "runs").glob("*/*.json")):
         print(f"stopped at the deadline, record set aside: {rec.name}")
 PY
 fi
+# The snapshot loop stops first: its last archive, moved in after this one, would replace it
+# with an older one (and a cut-off records.tgz.tmp would come back beside it).
+kill -STOP "$SNAPSHOTS" 2>/dev/null; pkill -P "$SNAPSHOTS"; kill -KILL "$SNAPSHOTS" 2>/dev/null
+wait "$SNAPSHOTS" 2>/dev/null; rm -f "$OUT/records.tgz.tmp"
 tar czf "$OUT/records.tgz" --exclude=.resume --exclude=stopped -C "$R" .
 for f in "$R"/sweep/.sweep/logs/*; do echo "== $f"; tail -n 3 "$f"; done 2>/dev/null | tail -n 60 >"$LOGS/workers_tail.log"
 if [ -n "$(ls -A "$R/sweep/.resume" 2>/dev/null)" ]; then
