@@ -190,9 +190,14 @@ for sweep in $SWEEPS; do
     s=$(date +%s)
     # SIGINT, not TERM: the workers stop through KeyboardInterrupt, which writes no record; under
     # MPS the runs in flight fault all the same (the records set aside below).
+    # 40 s before the deadline every worker still busy prints its Python stacks to its log
+    # (SIGUSR1, harness.executors): a run that stalls says where it stood.
+    ( sleep $(( left > 80 ? left - 40 : 40 )); pkill -USR1 -f "m harness.executors" ) &
+    stacks=$!
     timeout -s INT -k 20 "$left" python3 -m harness.cli sweep "$sweep" --executor gpus --runs-per-gpu "$PACK" --results "$R/sweep" \
         --no-wandb ${START_FOR:+--start-for "$START_FOR"} $SWEEP_ARGS >"$LOGS/sweep-$name.log" 2>&1
     echo "sweep $name rc $? wall $(( $(date +%s) - s )) s" | tee -a "$LOGS/sweep-$name.log"
+    kill "$stacks" 2>/dev/null
     tail -n 30 "$LOGS/sweep-$name.log"
 done
 # Workers run in sessions of their own: a sweep killed at its deadline can leave one running,
@@ -230,6 +235,9 @@ kill -STOP "$SNAPSHOTS" 2>/dev/null; pkill -P "$SNAPSHOTS"; kill -KILL "$SNAPSHO
 wait "$SNAPSHOTS" 2>/dev/null; rm -f "$OUT/records.tgz.tmp"
 tar czf "$OUT/records.tgz" --exclude=.resume --exclude=stopped -C "$R" .
 for f in "$R"/sweep/.sweep/logs/*; do echo "== $f"; tail -n 3 "$f"; done 2>/dev/null | tail -n 60 >"$LOGS/workers_tail.log"
+for f in "$R"/sweep/.sweep/logs/*; do  # the stacks of runs still going at the deadline
+    grep -q "Current thread\|^Thread 0x" "$f" 2>/dev/null && tail -n 200 "$f" >"$LOGS/stacks-$(basename "$f")"
+done
 if [ -n "$(ls -A "$R/sweep/.resume" 2>/dev/null)" ]; then
     # A call returns at most 64 MiB: the states furthest along come back, up to RESUME_MB.
     ( cd "$R/sweep/.resume" && PYTHONPATH="$OLDPWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m benchmarks.resume_pick --budget-mb "${RESUME_MB:-48}" . ) >"$LOGS/resume_pick.txt"

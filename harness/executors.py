@@ -157,10 +157,16 @@ def _die_with_parent() -> None:
 
 
 def worker_main() -> None:
-    """A worker process: jobs in as JSON lines on stdin, outcomes out as JSON lines."""
+    """A worker process: jobs in as JSON lines on stdin, outcomes out as JSON lines.
+
+    SIGUSR1 prints every thread's Python stack to the worker's log (faulthandler), so a run
+    that stalls can say where without being stopped."""
+    import faulthandler
+
     _die_with_parent()
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything the task prints goes to the log, not into the protocol
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     import torch
 
     from harness.envinfo import device_name

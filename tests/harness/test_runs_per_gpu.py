@@ -166,3 +166,29 @@ def test_abort_stops_a_busy_worker_and_its_children(tmp_path):
         time.sleep(0.1)
     assert not _alive(worker_pid) and not _alive(child_pid)
     assert all(w.proc is None for w in pool.workers)
+
+
+def test_a_worker_prints_its_stacks_on_sigusr1(tmp_path):
+    # A stalled run is diagnosed without stopping it: SIGUSR1 makes the worker write every
+    # thread's Python stack to its log (stderr) and carry on.
+    import signal
+    import subprocess
+
+    log = tmp_path / "worker.log"
+    env = {**os.environ, "HARNESS_WORKER_DEVICE": "cpu", "HARNESS_WORKER_LABEL": "w0"}
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "harness.executors"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, env=env)
+        try:
+            assert json.loads(proc.stdout.readline())["hello"]  # set up, waiting for a job
+            proc.send_signal(signal.SIGUSR1)
+            deadline = time.time() + 30
+            while "worker_main" not in log.read_text() and time.time() < deadline:
+                time.sleep(0.1)
+            assert proc.poll() is None  # still running
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+    text = log.read_text()
+    assert "Current thread" in text and "worker_main" in text, text[-2000:]
+    assert proc.returncode == 0
