@@ -39,6 +39,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 TILE_WIDTHS = (16, 32, 64, 128, 256)
+FP32_DOTS = ("ieee", "tf32x3")  # KernelLaunch.fp32_dots
 
 
 def _check_pow2(owner: object, name: str, allowed: tuple[int, ...] = TILE_WIDTHS) -> None:
@@ -50,15 +51,23 @@ def _check_pow2(owner: object, name: str, allowed: tuple[int, ...] = TILE_WIDTHS
 @dataclasses.dataclass(frozen=True)
 class KernelLaunch:
     """num_warps and num_stages of one kernel's launch (the interpreter runs 1 warp whatever
-    num_warps says: kernels/common/triton/utils.warps)."""
+    num_warps says: kernels/common/triton/utils.warps), and fp32_dots: the precision of the
+    dots that would otherwise take true fp32 products ("ieee": fp32 inputs under torch's
+    "highest" float32 matmul precision, and the delta rules' chunk inverse), one of
+    FP32_DOTS. Triton lowers "ieee" dots to scalar FMAs, off the tensor cores; "tf32x3" splits
+    each operand into two TF32 parts and sums three tensor-core products, close to fp32's
+    rounding (a candidate for the default once timed and held to the fp32 bounds on a GPU)."""
 
     num_warps: int = 4
     num_stages: int = 2
+    fp32_dots: str = "ieee"
 
     def __post_init__(self) -> None:
         _check_pow2(self, "num_warps", (1, 2, 4, 8, 16, 32))
         if self.num_stages < 1:
             raise ValueError(f"{type(self).__name__}.num_stages must be >= 1, got {self.num_stages!r}")
+        if self.fp32_dots not in FP32_DOTS:
+            raise ValueError(f"{type(self).__name__}.fp32_dots must be one of {list(FP32_DOTS)}, got {self.fp32_dots!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,7 +108,7 @@ def du_local(
     du_local_kernel[(triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)](
         q, k, do, gam if gam is not None else q, du, scale, T,
         H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        PREC=dot_precision(q.dtype), num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return du
 
@@ -133,7 +133,7 @@ def state_bwd(
         q, k, w, do, du, gam if gam is not None else q, dh, dht if dht is not None else q,
         dh0 if dh0 is not None else q, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_DHT=dht is not None,
-        STORE_DH0=need_dh0, PREC=dot_precision(q.dtype),
+        STORE_DH0=need_dh0, PREC=dot_precision(q.dtype, cfg.fp32_dots),
         num_warps=warps(cfg.num_warps), num_stages=cfg.stages_for(full_block(K), q.element_size()),
     )
     return dh, dh0

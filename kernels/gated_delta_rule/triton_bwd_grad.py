@@ -123,6 +123,6 @@ def dqkw(
         q, k, u, h, dh, do, du, gam if gam is not None else q, dq, dk, dw,
         dgam if dgam is not None else q, scale, T, NT, B * T * H,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg.BV), USE_G=gam is not None,
-        PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dq, dk, dw, dgam

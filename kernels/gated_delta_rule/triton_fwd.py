@@ -135,7 +135,7 @@ def state_fwd(
         k, w, u0, u, gam if gam is not None else k, h, h0 if h0 is not None else k,
         ht if ht is not None else k, q if q is not None else k, o if o is not None else u, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
-        STORE_HT=output_final_state, PREC=dot_precision(dt), FUSE_OUTPUT=q is not None,
+        STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
         num_warps=warps(cfg.num_warps), num_stages=cfg.stages_for(full_block(K), k.element_size()),
     )
     return h, u, ht, o
@@ -158,6 +158,7 @@ def output_fwd(
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, addend if addend is not None else q, o, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        HAS_ADD=addend is not None, PREC=dot_precision(q.dtype), num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
+        HAS_ADD=addend is not None, PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
+        num_stages=cfg.num_stages,
     )
     return o

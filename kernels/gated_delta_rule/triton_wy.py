@@ -42,12 +42,13 @@ def delta_launch(gated: bool) -> DeltaLaunch:
     return settings(delta_op(gated))
 
 
-def solve_precision(dtype: torch.dtype, tf32_solve: bool) -> str:
-    """Dot precision of the chunk inverse (I + A)^{-1}: true fp32 unless the inputs are 16-bit
-    and tf32_solve is set (the inverse is then rounded to 16 bits anyway)."""
+def solve_precision(dtype: torch.dtype, tf32_solve: bool, fp32_dots: str = "ieee") -> str:
+    """Dot precision of the chunk inverse (I + A)^{-1}: fp32_dots ("ieee", true fp32, or
+    "tf32x3"; KernelLaunch.fp32_dots) unless the inputs are 16-bit and tf32_solve is set (the
+    inverse is then rounded to 16 bits anyway)."""
     if dtype != torch.float32 and tf32_solve:
         return "tf32"
-    return "ieee"
+    return fp32_dots
 
 
 @triton.jit
@@ -216,7 +217,7 @@ def wy_fwd(
     wy_fwd_kernel[grid](
         k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm, w, u0, T,
         H=H, K=K, V=V, BT=CHUNK, BK=block_size(K, cfg.BK), BV=block_size(V, cfg.BV),
-        USE_G=g is not None, PREC=dot_precision(dt), SOLVE_PREC=solve_precision(dt, cfg.tf32_solve),
+        USE_G=g is not None, PREC=dot_precision(dt, cfg.fp32_dots), SOLVE_PREC=solve_precision(dt, cfg.tf32_solve, cfg.fp32_dots),
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return gam, tm, w, u0

@@ -138,6 +138,6 @@ def wy_bwd(
         dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k,
         T, B * T * H, dgam_part.shape[0] if dgam_part is not None else 0,
         H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        PREC=dot_precision(k.dtype), num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
+        PREC=dot_precision(k.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return dk, dv, dbeta, dg

@@ -165,7 +165,7 @@ def chunk_fwd_fused(
     S = triton.cdiv(NT, CPS)
     h_in = h0
     if S > 1:  # the state entering each segment (segments.py)
-        h_in = segment_entry_states(k, v, gamma, gate, h0, chunk_size, CPS, BV, dot_precision(q.dtype),
+        h_in = segment_entry_states(k, v, gamma, gate, h0, chunk_size, CPS, BV, dot_precision(q.dtype, cfg.fp32_dots),
                                     cfg.num_warps)
     o = new_buffer((B, T, H, V), v.dtype, v.device)
     # without stored states, k stands in for h's pointer (same dtype: the kernel rounds the
@@ -178,6 +178,6 @@ def chunk_fwd_fused(
         h if h is not None else k, ht if ht is not None else o, o, scale, T, NT, CPS, S, H=H, K=K, V=V,
         BT=chunk_size, BK=BK, BV=BV, GATE=gate, HAS_A=A is not None, HAS_IN=h_in is not None,
         STORE_H=store_states, STORE_HT=output_final_state,
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return o, h, ht

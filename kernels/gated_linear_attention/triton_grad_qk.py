@@ -104,7 +104,7 @@ def chunk_bwd_dqk(
     chunk_bwd_dqk_kernel[grid](
         q, k, v, gamma if gamma is not None else q, h, do, dh, dq, dk, dg if dg is not None else dq,
         scale, T, NT, B * T * H, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate,
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     if dg is not None:
         dg = dg[0] if NK == 1 else dg.sum(0)

@@ -127,7 +127,7 @@ def chunk_fwd_output(
     chunk_fwd_output_kernel[grid](
         q, k, v, h, gamma if gamma is not None else q, A if A is not None else q, o, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate, HAS_A=A is not None,
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return o
 
@@ -148,6 +148,6 @@ def chunk_bwd_dv(
     chunk_bwd_dv_kernel[grid](
         q, k, gamma if gamma is not None else q, A if A is not None else q, do, dh, dv, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate, HAS_A=A is not None,
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dv

@@ -144,7 +144,7 @@ def chunk_fwd_states(
     chunk_fwd_states_kernel[grid](
         k, v, gamma if gamma is not None else k, h, h0 if h0 is not None else h, ht if ht is not None else h,
         T, NT, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate,
-        HAS_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=dot_precision(k.dtype),
+        HAS_H0=h0 is not None, STORE_HT=output_final_state, DOT_PREC=dot_precision(k.dtype, cfg.fp32_dots),
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return h, ht
@@ -174,7 +174,7 @@ def chunk_bwd_states(
         q, do, gamma if gamma is not None else q, dh,
         dht.contiguous().float() if dht is not None else dh, dh0 if dh0 is not None else dh,
         scale, T, NT, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate,
-        HAS_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=dot_precision(q.dtype),
+        HAS_DHT=dht is not None, STORE_DH0=need_dh0, DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots),
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dh, dh0

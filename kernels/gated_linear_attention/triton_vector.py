@@ -194,7 +194,7 @@ def gla_intra_A(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, scale: fl
     paths = _census_buffer("intra_A", B, H, grid[0], triton.cdiv(K, BK), q.device)
     gla_intra_A_kernel[grid](
         q, k, gamma, A, paths, scale, factored_span(q.dtype), T, H=H, K=K, BT=BT, BC=sub_chunk("intra_A", BT),
-        BK=BK, DOT_PREC=dot_precision(q.dtype), STORE_PATHS=paths is not None,
+        BK=BK, DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), STORE_PATHS=paths is not None,
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return A
@@ -346,7 +346,7 @@ def gla_bwd_dqkg(
     for only_path, path_cfg in launches:
         gla_bwd_dqkg_kernel[grid](
             q, k, v, gamma, h, do, dh, dq, dk, dg, paths, scale, span, T, NT,
-            H=H, K=K, V=V, BT=BT, BC=sub_chunk("bwd_dqkg", BT), BK=BK, BV=BV, DOT_PREC=dot_precision(q.dtype),
+            H=H, K=K, V=V, BT=BT, BC=sub_chunk("bwd_dqkg", BT), BK=BK, BV=BV, DOT_PREC=dot_precision(q.dtype, path_cfg.fp32_dots),
             ONLY_PATH=only_path, INTER_AFTER=int(path_cfg.inter_after), STORE_PATHS=paths is not None,
             num_warps=warps(path_cfg.num_warps), num_stages=path_cfg.num_stages,
         )

@@ -121,6 +121,29 @@ def test_fused_state_output(case):
     assert_within(errors, CASES[case][6], f"{case} fused")
 
 
+def test_tf32x3_dots_hold_the_fp32_bounds():
+    """fp32 under torch's "highest" matmul precision with every kernel's fp32_dots="tf32x3"
+    (three TF32 tensor-core products per dot instead of scalar FMAs; KernelLaunch.fp32_dots,
+    "ieee" by default until timed): every output and gradient within fp32's TOL / ROW_TOL."""
+    import dataclasses
+
+    from kernels.common.launch import KernelLaunch, launch_settings, settings
+
+    def every_kernel(op):
+        current = settings(op)
+        return {f.name: {"fp32_dots": "tf32x3"} for f in dataclasses.fields(current)
+                if isinstance(getattr(current, f.name), KernelLaunch)}
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        with launch_settings(delta_rule=every_kernel("delta_rule"), gated_delta_rule=every_kernel("gated_delta_rule")):
+            errors = errors_of.__wrapped__("gdn_fp32_T300_K100_V60")
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert_within(errors, torch.float32, "gdn_fp32_T300_K100_V60 with tf32x3 dots")
+
+
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("quantity", QUANTITIES)
 def test_matches_fp64_chunked(case, quantity):

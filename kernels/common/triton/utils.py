@@ -66,16 +66,17 @@ def sequential_block_v(
     return bv
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """Dot precision of a kernel on `dtype` inputs. fp32 inputs get true fp32 dots ("ieee")
-    unless torch allows TF32 for fp32 matrix products (torch.set_float32_matmul_precision
-    "high" or "medium", which the training loop sets for optim.matmul_precision="high"): then
-    "tf32", as torch's own fp32 matmuls. 16-bit inputs are multiplied in their own dtype with
-    fp32 accumulation, where this setting is moot. Read at each launch, so a backward takes the
-    precision in effect when it runs (the training loop holds one for the whole run)."""
+def dot_precision(dtype: torch.dtype, fp32_dots: str = "ieee") -> str:
+    """Dot precision of a kernel on `dtype` inputs. fp32 inputs get fp32_dots (the kernel's
+    KernelLaunch.fp32_dots: "ieee", true fp32 products, or "tf32x3") unless torch allows TF32
+    for fp32 matrix products (torch.set_float32_matmul_precision "high" or "medium", which the
+    training loop sets for optim.matmul_precision="high"): then "tf32", as torch's own fp32
+    matmuls. 16-bit inputs are multiplied in their own dtype with fp32 accumulation, where this
+    setting is moot. Read at each launch, so a backward takes the precision in effect when it
+    runs (the training loop holds one for the whole run)."""
     if dtype != torch.float32:
         return "tf32"
-    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+    return fp32_dots if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
 def check_chunk_size(op: str, chunk_size: int) -> int:

@@ -126,3 +126,51 @@ def test_fp32_dots_follow_torchs_matmul_precision(monkeypatch, precision, expect
     finally:
         torch.set_float32_matmul_precision(before)
     assert seen and set(seen) == {expected}, seen
+
+
+def _every_kernel(op: str, **changes) -> dict:
+    """launch_settings changes setting `changes` on every kernel launch object of `op`."""
+    import dataclasses
+
+    current = launch.settings(op)
+    return {op: {f.name: dict(changes) for f in dataclasses.fields(current)
+                 if isinstance(getattr(current, f.name), launch.KernelLaunch)}}
+
+
+@pytest.mark.parametrize("precision, expected", [("highest", {"tf32x3"}), ("high", {"tf32", "tf32x3"})])
+def test_fp32_dots_replace_the_true_fp32_dots(monkeypatch, precision, expected):
+    """KernelLaunch.fp32_dots="tf32x3" takes the place of every "ieee" dot of the delta rule's
+    kernels, forward and backward: all of them under "highest", the chunk inverse's alone under
+    "high" (whose other fp32 dots are TF32). The interpreter computes the same either way, so
+    the result matches the default's; its accuracy on a GPU is for tests/gpu."""
+    from kernels.gated_delta_rule import triton_bwd, triton_bwd_grad, triton_fwd, triton_wy, triton_wy_bwd
+
+    seen = []
+    for mod in (triton_bwd, triton_bwd_grad, triton_fwd, triton_wy, triton_wy_bwd):
+        for name in dir(mod):
+            if name.endswith("_kernel") and hasattr(getattr(mod, name), "__getitem__"):  # a kernel[grid]
+                monkeypatch.setattr(mod, name, _LaunchSpy(getattr(mod, name), lambda kw: seen.extend(
+                    kw[p] for p in ("PREC", "SOLVE_PREC") if p in kw)))
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(precision)
+        results = []
+        for changes in ({}, _every_kernel("gated_delta_rule", fp32_dots="tf32x3")):
+            seen.clear()
+            q, k, v, g, beta = _gdn_inputs(T=70)
+            with launch.launch_settings(**changes):
+                o, _ = gated_delta_rule(q, k, v, g, beta, backend="triton")
+            o.square().sum().backward()
+            results.append((set(seen), [t.detach() for t in (o, q.grad, k.grad, v.grad, g.grad, beta.grad)]))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    (default_precs, default_out), (precs, out) = results
+    assert "tf32x3" not in default_precs and precs == expected, (default_precs, precs)
+    for a, b in zip(out, default_out):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_fp32_dots_is_refused():
+    with pytest.raises(ValueError, match=r"fp32_dots must be one of \['ieee', 'tf32x3'\], got 'tf32'"):
+        with launch.launch_settings(gated_delta_rule={"dqkw": {"fp32_dots": "tf32"}}):
+            pass
