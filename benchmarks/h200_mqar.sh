@@ -50,6 +50,9 @@ nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 15 
 # The device call lasts until every process it started exits: stop the two loops at the end.
 trap 'kill $(jobs -p) 2>/dev/null' EXIT
 h() { python3 -m harness.cli "$@"; }
+# Stops a background subshell and the command it is waiting on (a sleep left running would hold
+# the device call open until it ends).
+stop_job() { kill -STOP "$1" 2>/dev/null; pkill -P "$1"; kill -KILL "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
 # MPS=1: the runs packed on the GPU share it through CUDA's Multi-Process Service, so kernels of
 # different runs execute at once instead of time-slicing the GPU between processes. The daemon is
 # per user and leaves the card's compute mode as it is; if a CUDA client cannot start under it,
@@ -197,7 +200,7 @@ for sweep in $SWEEPS; do
     timeout -s INT -k 20 "$left" python3 -m harness.cli sweep "$sweep" --executor gpus --runs-per-gpu "$PACK" --results "$R/sweep" \
         --no-wandb ${START_FOR:+--start-for "$START_FOR"} $SWEEP_ARGS >"$LOGS/sweep-$name.log" 2>&1
     echo "sweep $name rc $? wall $(( $(date +%s) - s )) s" | tee -a "$LOGS/sweep-$name.log"
-    kill "$stacks" 2>/dev/null
+    stop_job "$stacks"
     tail -n 30 "$LOGS/sweep-$name.log"
 done
 # Workers run in sessions of their own: a sweep killed at its deadline can leave one running,
@@ -231,8 +234,7 @@ PY
 fi
 # The snapshot loop stops first: its last archive, moved in after this one, would replace it
 # with an older one (and a cut-off records.tgz.tmp would come back beside it).
-kill -STOP "$SNAPSHOTS" 2>/dev/null; pkill -P "$SNAPSHOTS"; kill -KILL "$SNAPSHOTS" 2>/dev/null
-wait "$SNAPSHOTS" 2>/dev/null; rm -f "$OUT/records.tgz.tmp"
+stop_job "$SNAPSHOTS"; rm -f "$OUT/records.tgz.tmp"
 tar czf "$OUT/records.tgz" --exclude=.resume --exclude=stopped -C "$R" .
 for f in "$R"/sweep/.sweep/logs/*; do echo "== $f"; tail -n 3 "$f"; done 2>/dev/null | tail -n 60 >"$LOGS/workers_tail.log"
 for f in "$R"/sweep/.sweep/logs/*; do  # the stacks of runs still going at the deadline
