@@ -262,3 +262,16 @@ def test_screenshot(site, loaded):
         page.evaluate("document.getElementById('throughput').scrollIntoView()")
         page.wait_for_timeout(1000)  # responsive plots redraw at the new width
         page.screenshot(path=docs)
+
+
+def test_figure_script_draws_the_chosen_plots(browser, site, tmp_path):
+    """benchmarks/dashboard_figure.py: one PNG of the plots whose label matches, an error naming
+    the labels there are when none does."""
+    from benchmarks.dashboard_figure import shoot
+
+    _, built, _ = site
+    out = tmp_path / "mqar.png"
+    assert shoot(browser, built.page, "mqar", "MQAR accuracy vs", out) == 2
+    assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match=r"no plot of section 'mqar' has 'preset nosuch'.*MQAR accuracy vs"):
+        shoot(browser, built.page, "mqar", "preset nosuch", tmp_path / "none.png")
