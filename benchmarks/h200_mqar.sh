@@ -245,7 +245,7 @@ if [ -n "$(ls -A "$R/sweep/.resume" 2>/dev/null)" ]; then
     ( cd "$R/sweep/.resume" && PYTHONPATH="$OLDPWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m benchmarks.resume_pick --budget-mb "${RESUME_MB:-48}" . ) >"$LOGS/resume_pick.txt"
     tar czf - -C "$R/sweep/.resume" -T "$LOGS/resume_pick.txt" | split -b 15m - "$OUT/resume.tgz.part-"
 fi
-# CACHE_BACK=1: the compile cache comes back as $OUT/inductor-cache.tgz when it fits what the
+# CACHE_BACK=1: the compile cache comes back as $OUT/inductor-cache.tgz.part-* when it fits what the
 # call may still return (64 MiB less the records, states and logs, CACHE_MB at most); carry it up
 # in .resume-carry/ and the next call's runs of the same groups skip their compiles.
 if [ "${CACHE_BACK:-0}" != 0 ] && [ -d "$TORCHINDUCTOR_CACHE_DIR" ]; then

@@ -52,10 +52,13 @@ def main() -> None:
     parser.add_argument("--where", action="append", default=None, help="KEY=VALUE, as harness sweep (repeatable)")
     parser.add_argument("--key", default=None, help="run-key prefixes (comma-separated), as harness sweep")
     args, _ = parser.parse_known_args()  # the rest of a sweep's options (SWEEP_ARGS) do not select
-    mixers = [m.strip() for m in args.mixer.split(",") if m.strip()] if args.mixer else None
+
+    def names(text: str | None) -> list[str] | None:  # a comma-separated option, as harness sweep reads it
+        return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
     try:
-        keys = [k.strip() for k in args.key.split(",") if k.strip()] if args.key else None
-        print(" ".join(next_groups(args.sweep, args.results, args.first, mixers, args.where, keys=keys)))
+        print(" ".join(next_groups(args.sweep, args.results, args.first, names(args.mixer), args.where,
+                                   keys=names(args.key))))
     except SweepError as e:
         sys.exit(f"warm_groups: {e}")
 

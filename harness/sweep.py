@@ -253,15 +253,20 @@ def _same_value(have: Any, wanted_text: str) -> bool:
 
 def select_where(plan: Plan, conditions: list[str]) -> Plan:
     """The points of `plan` whose `set`/`vary` value of each KEY equals VALUE, for conditions
-    "KEY=VALUE" (e.g. model.d_model=256) or "KEY=V1,V2" (any of the values); their run keys are those of the whole grid, so a
-    selection resumes and fills the same sweep. SweepError naming the keys and values the
-    sweep has when a condition is malformed, names no key of the sweep or selects nothing."""
+    "KEY=VALUE" (e.g. model.d_model=256) or "KEY=V1,V2" (any of the values); their run keys
+    are those of the whole grid, so a selection resumes and fills the same sweep. SweepError
+    naming the keys and values the sweep has when a condition is malformed, names no key of
+    the sweep or selects nothing."""
     values: dict[str, list[Any]] = {}
     for point in plan.points:
         for key, value in point.overrides:
             if value not in values.setdefault(key, []):
                 values[key].append(value)
-    known = "; ".join(f"{k}: {', '.join(json.dumps(v) for v in vs)}" for k, vs in values.items()) or "none"
+
+    def listed(key: str) -> str:
+        return ", ".join(json.dumps(v) for v in values[key])
+
+    known = "; ".join(f"{k}: {listed(k)}" for k in values) or "none"
     parsed = []
     for text in conditions:
         key, sep, wanted = text.partition("=")
@@ -274,7 +279,7 @@ def select_where(plan: Plan, conditions: list[str]) -> Plan:
         alternatives = [w.strip() for w in wanted.split(",")]
         if not all(alternatives):
             raise SweepError(f"--where {text!r}: an empty value in the list (give KEY=V1,V2 with values of {key}: "
-                             f"{', '.join(json.dumps(v) for v in values[key])})")
+                             f"{listed(key)})")
         parsed.append((key, alternatives))
     kept = [p for p in plan.points
             if all(any(k == key and any(_same_value(v, w) for w in wanted) for k, v in p.overrides)

@@ -32,6 +32,11 @@ class _Captured:
     loss: torch.Tensor  # static output, scalar
 
 
+def new_shapes_seconds(new_shapes: list[dict[str, float]]) -> float:
+    """Seconds that GraphedSteps.new_shapes' entries took: each first step and its capture."""
+    return sum(s["first_step_s"] + s["capture_s"] for s in new_shapes)
+
+
 class GraphedSteps:
     """One training step per call: a replayed CUDA graph, or an eager step for a new shape.
 
@@ -55,7 +60,7 @@ class GraphedSteps:
     @property
     def new_shape_s(self) -> float:
         """Wall time of the first step of each shape so far: compile and capture."""
-        return sum(s["first_step_s"] + s["capture_s"] for s in self.new_shapes)
+        return new_shapes_seconds(self.new_shapes)
 
     def step(self, tokens: torch.Tensor, labels: torch.Tensor, scored: int) -> torch.Tensor:
         """Train on tokens, labels [B, T] (on the GPU) with `scored` labelled positions.

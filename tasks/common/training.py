@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.base import RunContext, RunDiverged
-from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw, optimizer_step, set_lr
+from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw, new_shapes_seconds, optimizer_step, set_lr
 from tasks.common.model import MixerLM, scored_positions
 from tasks.common.resume import SavedProgress, load_state, save_state
 
@@ -83,9 +83,13 @@ class TrainStats:
     graph_steps: int = 0  # steps replayed from a CUDA graph (the rest ran eagerly)
     graphs: int = 0  # batch shapes captured
     compiled: bool = False  # the loss ran under torch.compile (optim.compile)
-    new_shape_s: float = 0.0  # this process's first steps of each batch shape (compile, capture)
     new_shapes: list[dict[str, float]] = field(default_factory=list)  # GraphedSteps.new_shapes
     resumed_at_epoch: int | None = None  # epochs a previous, cut-short run had finished (tasks.common.resume)
+
+    @property
+    def new_shape_s(self) -> float:
+        """This process's first steps of each batch shape (compile, capture), in seconds."""
+        return new_shapes_seconds(self.new_shapes)
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig, epoch: int = 0) -> float:
@@ -303,8 +307,7 @@ def _train_epochs(model: MixerLM, blocks: Blocks, cfg: TrainConfig, ctx: RunCont
     ctx.progress.remove_task(bar)
     stats.steps, stats.final_loss, stats.train_time_s = step, loss_value, trained_s()
     stats.graph_steps, stats.graphs = graph_steps(), len(runner.captured) if runner is not None else 0
-    stats.compiled, stats.new_shape_s = cfg.compile, runner.new_shape_s if runner is not None else 0.0
-    stats.new_shapes = list(runner.new_shapes) if runner is not None else []
+    stats.compiled, stats.new_shapes = cfg.compile, list(runner.new_shapes) if runner is not None else []
     return stats
 
 
