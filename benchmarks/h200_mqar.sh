@@ -129,8 +129,8 @@ if [ -f .resume-carry/inductor-cache.tgz ]; then
         && echo "== compile cache from the last call: $(du -sh "$TORCHINDUCTOR_CACHE_DIR" | cut -f1)"
 fi
 warms=()
-# WARM="gdn:256 mesa:64": fill the compile caches for those (mixer, d_model) groups first, one
-# process per group and training length (WARM_LENGTHS, default the zoology preset's 64 128 256)
+# WARM="gdn:256 mesa:64" (spaces or commas between groups): fill the compile caches for those
+# (mixer, d_model) groups first, one process per group and training length (WARM_LENGTHS, default the zoology preset's 64 128 256)
 # side by side, the host's cores shared out (benchmarks/warm_compile_cache.py), so runs packed
 # together load their graphs instead of each compiling them at once, from the (first) sweep's own
 # config of each group; WARM_SETS: more --set overrides.
@@ -139,6 +139,7 @@ if [ "${WARM:-}" = auto ]; then  # the groups of the first PACK runs the (first)
     WARM=$(python3 -m benchmarks.warm_groups ${SWEEP%% *} --results "$R/sweep" --first "${WARM_FIRST:-$PACK}" $SWEEP_ARGS)
     echo "== WARM=auto: ${WARM:-nothing left to run}"
 fi
+WARM=${WARM//,/ }  # "gdn:256,mesa:64" is read as "gdn:256 mesa:64"
 if [ -n "${WARM:-}" ]; then
     s=$(date +%s)
     n_warm=$(( $(echo $WARM | wc -w) * $(echo ${WARM_LENGTHS:-64 128 256} | wc -w) ))
