@@ -130,8 +130,8 @@ if [ -f .resume-carry/inductor-cache.tgz ]; then
 fi
 warms=()
 # WARM="gdn:256 mesa:64" (spaces or commas between groups): fill the compile caches for those
-# (mixer, d_model) groups first, one process per group and training length (WARM_LENGTHS, default the zoology preset's 64 128 256)
-# side by side, the host's cores shared out (benchmarks/warm_compile_cache.py), so runs packed
+# (mixer, d_model) groups first, one process per group and training length (WARM_LENGTHS,
+# default the zoology preset's 64 128 256) side by side, the host's cores shared out (benchmarks/warm_compile_cache.py), so runs packed
 # together load their graphs instead of each compiling them at once, from the (first) sweep's own
 # config of each group; WARM_SETS: more --set overrides.
 # WARM=auto: the groups of the first PACK (or WARM_FIRST) runs still to run (benchmarks/warm_groups.py).
