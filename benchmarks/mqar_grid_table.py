@@ -6,18 +6,20 @@ accuracy at each learning rate and the best of them (Zoology reports the best lr
 The grid (mixers, presets, widths, lrs and the fixed `set` options) is read from the sweep
 file's first block; a record counts for a grid point when its task, preset, device type and
 every `set` option match. A cell is the record's accuracy (mean over test settings); "·" marks
-a grid point with no record yet. When a point has several records, the newest counts."""
+a grid point with no record yet. When a point has several records, the newest counts. The last
+line gives the device time the counted records span, runs side by side counted once."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from harness.config import EXECUTION_ONLY
 from harness.leaderboard import flatten_config
-from harness.records import device_type_of, load_records
+from harness.records import RunRecord, device_type_of, load_records
 from harness.sweep import load_sweep
 
 WIDTH, LR = "model.d_model", "optim.lr"
@@ -54,10 +56,9 @@ def read_grid(sweep_file: Path) -> Grid:
     )
 
 
-def grid_cells(results: Path, grid: Grid) -> dict[tuple[str, int, float], float]:
-    """(mixer, d_model, lr) -> accuracy of the newest ok record of that grid point under
-    <results>/runs."""
-    newest: dict[tuple[str, int, float], tuple[str, float]] = {}
+def grid_records(results: Path, grid: Grid) -> dict[tuple[str, int, float], RunRecord]:
+    """(mixer, d_model, lr) -> the newest ok record of that grid point under <results>/runs."""
+    newest: dict[tuple[str, int, float], RunRecord] = {}
     for _, rec in load_records(results):
         if (rec.task, rec.preset, rec.status) != (grid.task, grid.preset, "ok"):
             continue
@@ -69,9 +70,22 @@ def grid_cells(results: Path, grid: Grid) -> dict[tuple[str, int, float], float]
         key = (rec.mixer, int(flat[WIDTH]), float(flat[LR]))
         if key[1] in grid.widths and any(abs(key[2] - lr) <= 1e-9 * lr for lr in grid.lrs):
             key = (key[0], key[1], min(grid.lrs, key=lambda lr: abs(lr - key[2])))
-            if key not in newest or rec.finished > newest[key][0]:
-                newest[key] = (rec.finished, float(rec.metrics["accuracy"]))
-    return {key: acc for key, (_, acc) in newest.items()}
+            if key not in newest or rec.finished > newest[key].finished:
+                newest[key] = rec
+    return newest
+
+
+def busy_minutes(records: list[RunRecord]) -> float:
+    """Minutes with at least one of the records' runs going: the union of their
+    [started, finished] spans (runs packed side by side count once)."""
+    spans = sorted((datetime.fromisoformat(r.started), datetime.fromisoformat(r.finished)) for r in records)
+    total, end = 0.0, None
+    for s, e in spans:
+        if end is None or s > end:
+            total, end = total + (e - s).total_seconds(), e
+        elif e > end:
+            total, end = total + (e - end).total_seconds(), e
+    return total / 60
 
 
 def to_markdown(grid: Grid, cells: dict[tuple[str, int, float], float]) -> str:
@@ -102,7 +116,11 @@ def main() -> None:
     if not (args.results / "runs").is_dir():
         parser.error(f"--results {args.results} holds no runs/ folder of run records")
     grid = read_grid(args.sweep)
-    print(to_markdown(grid, grid_cells(args.results, grid)))
+    records = grid_records(args.results, grid)
+    print(to_markdown(grid, {key: float(rec.metrics["accuracy"]) for key, rec in records.items()}))
+    # A run resumed across device calls holds the span of its last call only.
+    print(f"Records' spans merged: {busy_minutes(list(records.values())):.0f} minutes with at least one "
+          "grid run going (a resumed run counts its last call only).")
 
 
 if __name__ == "__main__":
