@@ -36,15 +36,20 @@ SWEEP=${SWEEP:-configs/mqar-paper.yaml}
 DEADLINE_S=${DEADLINE_S:-570}
 PACK=${PACK:-6}
 R=/tmp/results
-mkdir -p "$R/sweep"
+# A warm machine keeps /tmp from the call before: its records and states must not come back again.
+rm -rf "$R" && mkdir -p "$R/sweep"
 cp -r results/runs "$R/sweep/" 2>/dev/null
+# Only what this call writes goes back (the copied records hold megabytes of NIAH heatmaps,
+# room the training states need).
+touch "$R/.t0"
+pack_new() { ( cd "$R" && find . -type f -newer .t0 ! -path '*/.resume/*' ! -path './stopped/*' >"$1.list" && tar czf "$1" -T "$1.list" && rm -f "$1.list" ); }
 # Training states of runs a previous call cut short (carried up in .resume-carry): they resume.
 if [ -f .resume-carry/resume.tgz ]; then
     mkdir -p "$R/sweep/.resume" && tar xzf .resume-carry/resume.tgz -C "$R/sweep/.resume/"
 elif [ -d .resume-carry ]; then mkdir -p "$R/sweep/.resume" && cp -r .resume-carry/. "$R/sweep/.resume/"; fi
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
-( while true; do sleep 20; tar czf "$OUT/records.tgz.tmp" --exclude=.resume -C "$R" . 2>/dev/null && mv "$OUT/records.tgz.tmp" "$OUT/records.tgz"; done ) &
+( while true; do sleep 20; pack_new "$OUT/records.tgz.tmp" 2>/dev/null && mv "$OUT/records.tgz.tmp" "$OUT/records.tgz"; done ) &
 SNAPSHOTS=$!
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 15 >"$LOGS/smi.csv" 2>&1 &
 # The device call lasts until every process it started exits: stop the two loops at the end.
@@ -236,7 +241,7 @@ fi
 # The snapshot loop stops first: its last archive, moved in after this one, would replace it
 # with an older one (and a cut-off records.tgz.tmp would come back beside it).
 stop_job "$SNAPSHOTS"; rm -f "$OUT/records.tgz.tmp"
-tar czf "$OUT/records.tgz" --exclude=.resume --exclude=stopped -C "$R" .
+pack_new "$OUT/records.tgz"
 for f in "$R"/sweep/.sweep/logs/*; do echo "== $f"; tail -n 3 "$f"; done 2>/dev/null | tail -n 60 >"$LOGS/workers_tail.log"
 for f in "$R"/sweep/.sweep/logs/*; do  # the stacks of runs still going at the deadline
     grep -q "Current thread\|^Thread 0x" "$f" 2>/dev/null && tail -n 200 "$f" >"$LOGS/stacks-$(basename "$f")"
