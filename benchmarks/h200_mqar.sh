@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # MQAR on one H200 (device tool, from the repo root, carry .whl): the graphed-step GPU tests,
 # one run alone per step mode for its steps/s, then the sweep files of SWEEP (space-separated, in
-# turn) packed PACK runs to the GPU until DEADLINE_S after the start. Records already in results/runs are copied in first, so
-# the sweep resumes across calls. Records are tarred into $OUT every 20 s: a call cut short
+# turn) packed PACK runs to the GPU until DEADLINE_S after the start. Records already in
+# results/runs are copied in first, so the sweep resumes across calls. The files this call writes
+# (new records, the sweep's logs) are tarred into $OUT/records.tgz every 20 s: a call cut short
 # keeps every run that finished. The training states of runs still going at the deadline come
-# back gzipped as $OUT/resume.tgz.part-* (15 MiB pieces); `cat` them into .resume-carry/resume.tgz
+# back gzipped as $OUT/resume.tgz.part-* (15 MiB pieces, up to RESUME_MB; a d_model 256 state is
+# ~28 MiB and a call returns 64 MiB, and carries up 64 MiB with the tree and the wheels, so one
+# 256 state resumes per call); `cat` them into .resume-carry/resume.tgz
 # (or unpack them into .resume-carry/) and carry it on the next call, and those runs go on from
 # their last epoch. Logs come back in logs.tgz, the background GPU tests' in gpu_tests.tgz.
 # CACHE_BACK=1 brings Inductor's compile cache back too ($OUT/inductor-cache.tgz.part-*: `cat`
