@@ -9,9 +9,10 @@ tile's first row and column, then the matrix extent, then the stride, then the t
     load_tile(ptr, row0, col0, n_rows, n_cols, stride, BR, BCOL) -> [BR, BCOL]
 A per-token vector (a scalar gate, beta) is `ptr` with n_rows entries `stride` apart:
     load_vec(ptr, row0, n_rows, stride, BR) -> [BR]
-Out-of-range elements load as zero and are not stored (load_gamma_rows excepted). Row
-offsets are promoted to int64 before they meet the stride: rows x stride of a long
-sequence of many heads passes 2^31.
+Out-of-range elements load as zero and are not stored (load_gamma_rows excepted). A
+tile's first element is addressed in int64 (row0 x stride of a long sequence of many heads
+passes 2^31), the offsets inside the tile in int32: a whole tile of int64 offsets costs
+registers that spill in the larger kernels. So BR x stride stays below 2^31.
 """
 
 from __future__ import annotations
@@ -23,28 +24,31 @@ import triton.language as tl
 @triton.jit
 def load_tile(ptr, row0, col0, n_rows, n_cols, stride, BR: tl.constexpr, BCOL: tl.constexpr):
     """Rows row0..row0+BR-1, columns col0..col0+BCOL-1: a [BR, BCOL] tile."""
-    o_r = row0 + tl.arange(0, BR)
-    o_c = col0 + tl.arange(0, BCOL)
-    m = (o_r < n_rows)[:, None] & (o_c < n_cols)[None, :]
-    return tl.load(ptr + o_r.to(tl.int64)[:, None] * stride + o_c[None, :], mask=m, other=0.0)
+    o_r = tl.arange(0, BR)
+    o_c = tl.arange(0, BCOL)
+    m = ((row0 + o_r) < n_rows)[:, None] & ((col0 + o_c) < n_cols)[None, :]
+    p_tile = ptr + tl.cast(row0, tl.int64) * stride + col0
+    return tl.load(p_tile + o_r[:, None] * stride + o_c[None, :], mask=m, other=0.0)
 
 
 @triton.jit
 def load_tile_t(ptr, row0, col0, n_rows, n_cols, stride, BR: tl.constexpr, BCOL: tl.constexpr):
     """The same tile as load_tile, transposed: [BCOL, BR]."""
-    o_r = row0 + tl.arange(0, BR)
-    o_c = col0 + tl.arange(0, BCOL)
-    m = (o_r < n_rows)[None, :] & (o_c < n_cols)[:, None]
-    return tl.load(ptr + o_r.to(tl.int64)[None, :] * stride + o_c[:, None], mask=m, other=0.0)
+    o_r = tl.arange(0, BR)
+    o_c = tl.arange(0, BCOL)
+    m = ((row0 + o_r) < n_rows)[None, :] & ((col0 + o_c) < n_cols)[:, None]
+    p_tile = ptr + tl.cast(row0, tl.int64) * stride + col0
+    return tl.load(p_tile + o_r[None, :] * stride + o_c[:, None], mask=m, other=0.0)
 
 
 @triton.jit
 def store_tile(ptr, value, row0, col0, n_rows, n_cols, stride, BR: tl.constexpr, BCOL: tl.constexpr):
     """Store a [BR, BCOL] tile (cast to the pointer's dtype) where it lies inside the matrix."""
-    o_r = row0 + tl.arange(0, BR)
-    o_c = col0 + tl.arange(0, BCOL)
-    m = (o_r < n_rows)[:, None] & (o_c < n_cols)[None, :]
-    tl.store(ptr + o_r.to(tl.int64)[:, None] * stride + o_c[None, :], value.to(ptr.dtype.element_ty), mask=m)
+    o_r = tl.arange(0, BR)
+    o_c = tl.arange(0, BCOL)
+    m = ((row0 + o_r) < n_rows)[:, None] & ((col0 + o_c) < n_cols)[None, :]
+    p_tile = ptr + tl.cast(row0, tl.int64) * stride + col0
+    tl.store(p_tile + o_r[:, None] * stride + o_c[None, :], value.to(ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
