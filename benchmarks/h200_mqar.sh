@@ -250,8 +250,9 @@ for f in "$R"/sweep/.sweep/logs/*; do  # the stacks of runs still going at the d
     grep -q "Current thread\|^Thread 0x" "$f" 2>/dev/null && tail -n 200 "$f" >"$LOGS/stacks-$(basename "$f")"
 done
 if [ -n "$(ls -A "$R/sweep/.resume" 2>/dev/null)" ]; then
-    # A call returns at most 64 MiB: the states furthest along come back, up to RESUME_MB.
-    ( cd "$R/sweep/.resume" && PYTHONPATH="$OLDPWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m benchmarks.resume_pick --budget-mb "${RESUME_MB:-48}" . ) >"$LOGS/resume_pick.txt"
+    # A call returns at most 64 MiB: the states furthest along come back, up to RESUME_MB (default
+    # 58: two d_model 256 states; the records and logs beside them are a few KB).
+    ( cd "$R/sweep/.resume" && PYTHONPATH="$OLDPWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m benchmarks.resume_pick --budget-mb "${RESUME_MB:-58}" . ) >"$LOGS/resume_pick.txt"
     tar czf - -C "$R/sweep/.resume" -T "$LOGS/resume_pick.txt" | split -b 15m - "$OUT/resume.tgz.part-"
 fi
 # CACHE_BACK=1: the compile cache comes back as $OUT/inductor-cache.tgz.part-* when it fits what the
