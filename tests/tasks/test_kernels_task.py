@@ -150,6 +150,18 @@ def test_the_launch_sweep_varies_block_sizes():
     assert {(x["wy_fwd"]["BK"], x["output_fwd"]["BV"]) for x in launches} == {(a, b) for a in (32, 64, 128) for b in (64, 128)}
 
 
+def test_the_mesa_launch_sweep_varies_the_solve_warps():
+    from pathlib import Path
+
+    from harness.sweep import expand, load_sweep
+
+    plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-mesa.yaml"), "cuda")
+    launches = [p.config["launch"]["mesa"] for p in plan.points]
+    assert len(plan.points) == len({p.key for p in plan.points}) == 4
+    assert {(x["fwd_solve"]["num_warps"], x["bwd_solve"]["num_warps"]) for x in launches} == {
+        (a, b) for a in (4, 8) for b in (4, 8)}
+
+
 def test_the_gpu_sweep_times_every_op_and_both_gla_gates():
     from pathlib import Path
 
