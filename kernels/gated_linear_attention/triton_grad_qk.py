@@ -10,8 +10,16 @@ over a whole sequence, the rounding of 32k such terms piles up (bf16: 5-10% erro
 sum is cut at the chunk end: for t in chunk n,
     dg_t = sum_{t' >= t in chunk n} (q.dq - k.dk)_t' + <S', dS'>
 with S' = e^{gamma_C} S + (K ⊙ e^{gamma_C - gamma})^T V the state leaving the chunk, so
-<S', dS'> = e^{gamma_C} <S, dS'> + sum_j k_j . dk_j(inter). Each K-block program writes its
-share of dg; the shares are summed.
+<S', dS'> = e^{gamma_C} <S, dS'> + sum_j k_j . dk_j(inter).
+Formed that way, dg is a difference of O(1) terms that cancel: each token's own term
+(q_t.k_t)(do_t.v_t) sits in both q_t.dq_t and k_t.dk_t, and the last token's k.dk(inter) in
+both sums, while under strong gates dg itself is ~e^g; fp32 rounding then leaves dg an error
+of eps32 e^|g|. So the kernel sums only what does not cancel: with P = (dA ⊙ Gamma) ⊙ QK^T
+(scaled) strictly below the diagonal,
+    dg_t = sum_{t' >= t} (q.dq(inter)_t' + sum_j P_t'j - sum_i P_it')
+           + sum_{j < t} k_j . dk_j(inter) + e^{gamma_C} <S, dS'>,
+the same sum term by term, each part as small as the decays in it. Each K-block program
+writes its share of dg; the shares are summed.
 """
 
 from __future__ import annotations
@@ -63,8 +71,10 @@ def chunk_bwd_dqk_kernel(
         b_glast = tl.load(gamma + seq + last * H)
         b_dq *= tl.exp2(b_g)[:, None]
         b_dk *= tl.exp2(b_glast - b_g)[:, None]
-        # this K-block's share of <S', dS'>, the gate gradient of everything after the chunk
-        b_after = tl.exp2(b_glast) * tl.sum(b_hdh) + tl.sum(b_dk * b_k.to(tl.float32))
+        # this K-block's shares of the gate gradient's parts (module docstring)
+        b_qdq_inter = tl.sum(b_dq * b_q.to(tl.float32), axis=1) * scale
+        b_kdk_inter = tl.sum(b_dk * b_k.to(tl.float32), axis=1)
+        b_after = tl.exp2(b_glast) * tl.sum(b_hdh)
         b_dA *= tl.exp2(tl.where(m_causal, b_g[:, None] - b_g[None, :], float("-inf"))) * scale
     else:
         b_dA = tl.where(m_causal, b_dA, 0.0) * scale
@@ -73,8 +83,12 @@ def chunk_bwd_dqk_kernel(
     store_tile(dq + seq * K, b_dq, t0, i_k * BK, T, K, H * K, BT, BK)
     store_tile(dk + seq * K, b_dk, t0, i_k * BK, T, K, H * K, BT, BK)
     if GATE == 1:
-        b_dG = tl.sum(b_dq * b_q.to(tl.float32), axis=1) - tl.sum(b_dk * b_k.to(tl.float32), axis=1)
-        b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + b_after
+        m_below = o_i[:, None] > o_i[None, :]
+        b_P = tl.where(m_below, b_dA * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC), 0.0)
+        b_dG = b_qdq_inter + tl.sum(b_P, axis=1) - tl.sum(b_P, axis=0)
+        # sum_{j < t} k_j . dk_j(inter), term by term: a running sum less its own term would cancel
+        b_before = tl.sum(tl.where(m_below, b_kdk_inter[None, :], 0.0), axis=1)
+        b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + b_before + b_after
         # one share per K-block: dg is [NK, B, T, H]
         tl.store(dg + i_k.to(tl.int64) * dg_stride + seq + (t0 + o_i) * H, b_dg, mask=m_t)
 

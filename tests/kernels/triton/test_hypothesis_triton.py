@@ -150,10 +150,11 @@ def run(op, inputs: dict[str, torch.Tensor], state, dtype: torch.dtype, backend:
 
 
 def check(op, inputs: dict[str, torch.Tensor], state, dtype: torch.dtype, seed: int, tol: float | None = None,
-          unchecked: tuple[str, ...] = (), **options) -> dict[str, float]:
+          unchecked: tuple[str, ...] = (), rows_unchecked: tuple[str, ...] = (), **options) -> dict[str, float]:
     """The Triton op in `dtype` against the reference in fp64 on the same (rounded) values:
-    every output and gradient but those named in `unchecked` by rel_err and row_err, under
-    `tol` (default TOL[dtype] and ROW_TOL[dtype]). Returns the errors."""
+    every output and gradient but those named in `unchecked` by rel_err and row_err (those in
+    `rows_unchecked` by rel_err only), under `tol` (default TOL[dtype] and ROW_TOL[dtype]).
+    Returns the errors."""
     rounded = {n: t.to(dtype).to(F64) if n not in ("g", "beta", "lamb") else t.to(F64) for n, t in inputs.items()}
     o, final, ours = run(op, inputs, state, dtype, "triton", seed, **options)
     _, final_ref, ref = run(op, rounded, state, F64, "reference", seed)
@@ -164,7 +165,7 @@ def check(op, inputs: dict[str, torch.Tensor], state, dtype: torch.dtype, seed: 
     names = [name for name in ref if name not in unchecked]
     assert len(names) == len(ref) - len(unchecked), f"unknown names in {unchecked}"
     errors = {name: rel_err(ours[name], ref[name]) for name in names}
-    errors.update({f"{name} (worst row)": row_err(ours[name], ref[name]) for name in names})
+    errors.update({f"{name} (worst row)": row_err(ours[name], ref[name]) for name in names if name not in rows_unchecked})
     rel_tol, row_tol = (TOL[dtype], ROW_TOL[dtype]) if tol is None else (tol, tol)
     bad = {n: f"{e:.2e}" for n, e in errors.items() if not e < (row_tol if "worst row" in n else rel_tol)}
     assert not bad, f"errors over {rel_tol:g} (rows {row_tol:g}): {bad}"
@@ -226,8 +227,11 @@ def gate_and_dtype(draw, gates=("mild", "mixed", "strong")):
 def test_gated_linear_attention(vector, shape, small_tiles, gate_dtype, with_state, seed):
     """Mixed and strong gates are held to TRITON_DECAY_TOL: the kernels' decays are
     differences of fp32 cumulative gates of hundreds of nats (tests/util.py). Under gates strong
-    on every token dg is not compared: the kernels' dg loses e^|g| eps32 to cancellation
-    (test_gate_gradient_under_strong_gates pins it)."""
+    on every token the vector gate's dg is not compared: that kernel's dg loses e^|g| eps32 to
+    cancellation (test_gate_gradient_under_strong_gates pins it). The scalar gate's dg is
+    compared whole: it peaks on a few tokens (e^g from -5 to -20), and a peak's decay rounding
+    measured against the typical row's norm reaches 1.1e-4 (T = 68, chunks of 32; 1.4e-5
+    relative to the peak itself; whole-tensor 1.4e-5; 2026-12-04)."""
     (gate, dtype), (B, T, H, K, V, chunk) = gate_dtype, shape
     gen = torch.Generator().manual_seed(seed)
     inputs = qkv(B, T, H, K, V, gen)
@@ -236,7 +240,8 @@ def test_gated_linear_attention(vector, shape, small_tiles, gate_dtype, with_sta
     tol = None if gate == "mild" else TRITON_DECAY_TOL
     with tile_caps(small_tiles):
         check(gated_linear_attention, inputs, state, dtype, seed + 1, tol=tol,
-              unchecked=("dg",) if gate == "strong" else (), chunk_size=chunk)
+              unchecked=("dg",) if gate == "strong" and vector else (),
+              rows_unchecked=("dg",) if gate == "strong" else (), chunk_size=chunk)
 
 
 # The delta-rule kernels take chunks of 64 only: up to two whole chunks and a tail. K >= 4: with
@@ -393,16 +398,21 @@ def test_minus_inf_gate(op):
     assert all(e < TOL[torch.float32] for e in errors), errors
 
 
-@pytest.mark.xfail(strict=True, reason="kernel precision bug: dg of the GLA and gated-delta-rule kernels cancels "
-                                       "under strong gates")
-@pytest.mark.parametrize("op", ["gla_scalar", "gla_vector", "gated_delta_rule"])
+STRONG_GATE_DG_BUG = pytest.mark.xfail(strict=True, reason="kernel precision bug: dg of the vector-gate GLA and "
+                                                             "gated-delta-rule kernels cancels under strong gates")
+
+
+@pytest.mark.parametrize("op", ["gla_scalar", pytest.param("gla_vector", marks=STRONG_GATE_DG_BUG),
+                                pytest.param("gated_delta_rule", marks=STRONG_GATE_DG_BUG)])
 def test_gate_gradient_under_strong_gates(op):
-    """Two tokens with g = -10 (on every channel). The kernels form dg from sums of q.dq - k.dk
-    (and the delta rule's like terms), whose O(1) parts cancel and leave dg ~ e^-10: their fp32
-    rounding gives dg a relative error near eps32 e^|g| (3e-3..1e-2 here; 1e-5..9e-5 at g = -5,
+    """Two tokens with g = -10 (on every channel). dg formed as sums of q.dq - k.dk (and the
+    delta rule's like terms) is a difference of O(1) parts that leaves dg ~ e^-10: fp32
+    rounding gives it a relative error near eps32 e^|g| (3e-3..1e-2 here; 1e-5..9e-5 at g = -5,
     0.25..1.5 at -15), where the PyTorch chunked forms, which differentiate the decays
-    themselves, measure 1e-7. o, dq, dk, dv (and dbeta) are right: test_gated_linear_attention
-    and test_gated_delta_rule check them under such gates."""
+    themselves, measure 1e-7. The scalar-gate GLA kernel sums only the parts that do not cancel
+    (kernels/gated_linear_attention/triton_grad_qk.py); the vector-gate and delta-rule kernels
+    still cancel. o, dq, dk, dv (and dbeta) are right: test_gated_linear_attention and
+    test_gated_delta_rule check them under such gates."""
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 1, 16, generator=gen) for _ in range(3))
     g = torch.full((1, 2, 1), -10.0)
