@@ -79,6 +79,11 @@ def _t(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(-1, -2)
 
 
+def _reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """Sums over the last dimension from its end: [..., CHUNK] -> [..., CHUNK]."""
+    return x.flip(-1).cumsum(-1).flip(-1)
+
+
 def stage_errors(q, k, v, g, beta, h0, do, dht, scale: float) -> dict[str, float]:
     """rel_err of every output in OUTPUTS against its kernel's formulas evaluated in fp64 on
     that kernel's own inputs. q, k: [B, T, H, K]; v, do: [B, T, H, V]; g, beta: [B, T, H];
@@ -170,11 +175,16 @@ def stage_errors(q, k, v, g, beta, h0, do, dht, scale: float) -> dict[str, float
     last_row = torch.zeros_like(dgam)
     NT = W.shape[2]
     last_row[:, :, torch.arange(NT), torch.tensor([min(CHUNK, T - n * CHUNK) - 1 for n in range(NT)])] = 1.0
-    ref["dgam"] = unchunked(dgam + last_row * end[..., None], T)
-    ours.update(dq=dq, dk_part=dk_part, dw=dw, dgam=dgam_part.sum(0))
+    # dqkw writes per K-block a d gamma per token and, apart, the share of dg that a chunk's
+    # earlier rows give; "dgam" compares dqkw's whole share of dg, reverse-summed in the chunk
+    nk = dgam_part.shape[0] // 2
+    dgp_tok = chunked(dgam_part[:nk].sum(0).unsqueeze(-1)).squeeze(-1)
+    dgp_before = chunked(dgam_part[nk:].sum(0).unsqueeze(-1)).squeeze(-1)
+    ref["dgam"] = unchunked(_reverse_cumsum(dgam + last_row * end[..., None]), T)
+    ours.update(dq=dq, dk_part=dk_part, dw=dw, dgam=unchunked(_reverse_cumsum(dgp_tok) + dgp_before, T))
 
     # wy_bwd from the stored Tm, dW, dU, dk_part and dgam partials
-    dW, dKp, dGp = chunked(dw), chunked(dk_part), chunked(dgam_part.sum(0).unsqueeze(-1)).squeeze(-1)
+    dW, dKp = chunked(dw), chunked(dk_part)
     f = bt * eg
     dTm = dW @ _t(Kc * f[..., None]) + DU @ _t(Vc * bt[..., None])
     dA = _strict(-(_t(Tm) @ dTm @ _t(Tm)))
@@ -186,8 +196,8 @@ def stage_errors(q, k, v, g, beta, h0, do, dht, scale: float) -> dict[str, float
     kdw = (Kc * tdw).sum(-1)
     ref["dbeta"] = unchunked(eg * kdw + (Vc * tdu).sum(-1) + (dA * gkk).sum(-1), T)
     daa = dA * gkk * bt[..., :, None]
-    dgamma = dGp + f * kdw + daa.sum(-1) - daa.sum(-2)
-    ref["dg"] = unchunked(dgamma.flip(-1).cumsum(-1).flip(-1), T)
+    dgamma = dgp_tok + f * kdw + daa.sum(-1) - daa.sum(-2)
+    ref["dg"] = unchunked(_reverse_cumsum(dgamma) + dgp_before, T)
     ours.update(dk=dk, dv=dv, dbeta=dbeta, dg=dg)
 
     return {name: rel_err(ours[name], ref[name]) for name in OUTPUTS}

@@ -12,6 +12,12 @@ give, with dP = dO U^T,
 with gamma in log2 units (kernels/common/triton/gates.py), and the gradient of the
 cumulative gate in natural-log units, gamma_i / LOG2E (its reverse cumsum is dg, in wy_bwd):
     q'_i . dq'_i - k_i . dk_i   (+ 2^{gamma_C} <S, dS'> + sum_j Kd_j-terms on the last row).
+Formed so, dg is a difference of O(1) terms under strong gates (each row's own q'_i.k_i dP_ii
+in both products, the last row's Kd-term in both sums) and fp32 leaves it an error of
+eps32 e^|g|. So the kernel writes what does not cancel: with Pp = (dP ⊙ Gamma) ⊙ Q'K^T
+strictly below the diagonal, d gamma_i = q'_i . dq'_i(state) + rowsum(Pp)_i - colsum(Pp)_i,
+and apart from it the share of dg that rows before l give, 2^{gamma_C} <S, dS'> +
+sum_{j < l} k_j . dk_j(state), which wy_bwd adds after its reverse cumsum.
 (dP ⊙ Gamma)^T is computed as (U dO^T ⊙ Gamma^T), from loaded tiles, rather than by
 transposing a product (kernels/common/triton/solve.py says why).
 
@@ -71,6 +77,7 @@ def dqkw_kernel(
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
     b_kdks = tl.zeros([BT], dtype=tl.float32)
+    b_qdqs = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         v0 = i_v * BV
         b_do = load_tile(do + seq * V, t0, v0, T, V, H * V, BT, BV)
@@ -81,20 +88,27 @@ def dqkw_kernel(
         if USE_G:
             b_do = (b_do * tl.exp2(b_g)[:, None]).to(dt)
             b_u = (b_u * tl.exp2(b_glast - b_g)[:, None]).to(dt)
-        b_dq += tl.dot(b_do, b_ht, input_precision=PREC)
+        b_dqs = tl.dot(b_do, b_ht, input_precision=PREC)
+        b_dq += b_dqs
         b_dks = tl.dot(b_u, b_dht, input_precision=PREC)
         b_dk += b_dks
         b_dw += tl.dot(b_du, b_ht, input_precision=PREC)
         if USE_G:
+            b_qdqs += tl.sum(b_q.to(tl.float32) * b_dqs, axis=1)
             b_kdks += tl.sum(b_k.to(tl.float32) * b_dks, axis=1)
             b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
     if USE_G:
-        # d gamma_i = q'_i . dq'_i - k_i . dk_i (both intra-chunk and state parts), plus the
-        # terms of gamma_C, which belong to the chunk's last real row
-        b_dgam = tl.sum(b_q.to(tl.float32) * b_dq, axis=1) * scale - tl.sum(b_k.to(tl.float32) * b_dk, axis=1)
-        b_end = tl.exp2(b_glast) * tl.sum(b_hdh, axis=0) + tl.sum(b_kdks, axis=0)
-        b_dgam += tl.where(t0 + tl.arange(0, BT) == last, b_end, 0.0)
+        # d gamma_i = q'_i . dq'_i - k_i . dk_i plus the terms of gamma_C, summed without what
+        # cancels (module docstring): the intra-chunk products below the diagonal, the state
+        # part of q'.dq', and, as its own share of dg, the k.dk state terms of earlier rows
+        o_r = tl.arange(0, BT)
+        m_below = o_r[:, None] > o_r[None, :]
+        b_pp = tl.where(m_below, causal_decay(b_dp, b_g, b_g, True, USE_G) * tl.dot(b_q, tl.trans(b_k),
+                                                                                  input_precision=PREC), 0.0) * scale
+        b_dgam = b_qdqs * scale + tl.sum(b_pp, axis=1) - tl.sum(b_pp, axis=0)
+        b_before = tl.exp2(b_glast) * tl.sum(b_hdh, axis=0) + tl.sum(tl.where(m_below, b_kdks[None, :], 0.0), axis=1)
         store_vec(dgam + i_k.to(tl.int64) * BTH + seq, b_dgam, t0, T, H, BT)
+        store_vec(dgam + (tl.num_programs(0) + i_k).to(tl.int64) * BTH + seq, b_before, t0, T, H, BT)
     store_tile(dq + seq * K, b_dq * scale, t0, k0, T, K, H * K, BT, BK)
     store_tile(dk + seq * K, b_dk, t0, k0, T, K, H * K, BT, BK)
     store_tile(dw + seq * K, -b_dw, t0, k0, T, K, H * K, BT, BK)
@@ -105,8 +119,9 @@ def dqkw(
     do: torch.Tensor, du: torch.Tensor, gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """q, k: [B, T, H, K]; u, do, du: [B, T, H, V]; h, dh: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None.
-    Returns (dq [B, T, H, K] q.dtype, dk_part fp32, dW k.dtype, dgam_part [NK, B, T, H]
-    fp32 or None)."""
+    Returns (dq [B, T, H, K] q.dtype, dk_part fp32, dW k.dtype, dgam_part [2 NK, B, T, H]
+    fp32 or None: per K-block the d gamma of each token, then the share of dg that earlier
+    rows of the chunk give)."""
     B, T, H, K = q.shape
     V = u.shape[-1]
     BT = chunk_size
@@ -118,7 +133,8 @@ def dqkw(
     dq = new_buffer((B, T, H, K), q.dtype, dev)
     dk = new_buffer((B, T, H, K), torch.float32, dev)
     dw = new_buffer((B, T, H, K), k.dtype, dev)
-    dgam = new_buffer((NK, B, T, H), torch.float32, dev) if gam is not None else None
+    # rows [0, NK): each K-block's d gamma per token; [NK, 2 NK): its share of dg from earlier rows
+    dgam = new_buffer((2 * NK, B, T, H), torch.float32, dev) if gam is not None else None
     dqkw_kernel[(NK, NT, B * H)](
         q, k, u, h, dh, do, du, gam if gam is not None else q, dq, dk, dw,
         dgam if dgam is not None else q, scale, T, NT, B * T * H,

@@ -106,10 +106,13 @@ def wy_bwd_kernel(
         b_dgam += b_kdkb * b_f
     store_vec(dbeta + seq, b_db, t0, T, H, BT)
     if USE_G:
+        b_before = tl.zeros([BT], dtype=tl.float32)
         for i_p in range(NK):
             b_dgam += load_vec(dgam_part + i_p * BTH + seq, t0, T, H, BT)
-        # dg_l = sum_{i >= l} dgamma_i
-        b_dg = tl.sum(b_dgam, axis=0) - tl.cumsum(b_dgam, axis=0) + b_dgam
+            b_before += load_vec(dgam_part + (NK + i_p) * BTH + seq, t0, T, H, BT)
+        # dg_l = sum_{i >= l} dgamma_i (summed from the chunk's end: the total less a running sum
+        # would cancel where the gates are strong) + what the rows before l give (dqkw)
+        b_dg = tl.cumsum(b_dgam, axis=0, reverse=True) + b_before
         store_vec(dg + seq, b_dg, t0, T, H, BT)
 
 
@@ -120,7 +123,8 @@ def wy_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H]; gam: [B, T, H] fp32 log2 units or
     None; tm: [B, T, H, BT] (wy_fwd's, BT the chunk length); dw, dk_part: [B, T, H, K]; du:
-    [B, T, H, V]; dgam_part: [NK, B, T, H] fp32 or None.
+    [B, T, H, V]; dgam_part: [2 NK, B, T, H] fp32 or None (dqkw's per-token d gamma, then its
+    earlier-rows share of dg).
     Returns (dk [B, T, H, K] k.dtype, dv [B, T, H, V] v.dtype, dbeta [B, T, H] beta.dtype,
     dg [B, T, H] in g_dtype or None)."""
     B, T, H, K = k.shape
@@ -136,7 +140,7 @@ def wy_bwd(
     wy_bwd_kernel[(triton.cdiv(T, BT), B * H)](
         k, v, beta, gam if gam is not None else k, tm, dw, du, dk_part,
         dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k,
-        T, B * T * H, dgam_part.shape[0] if dgam_part is not None else 0,
+        T, B * T * H, dgam_part.shape[0] // 2 if dgam_part is not None else 0,
         H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
         PREC=dot_precision(k.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
