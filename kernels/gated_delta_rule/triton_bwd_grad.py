@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.gates import anticausal_decay, causal_decay
+from kernels.common.triton.gates import anticausal_decay, causal_decay, pair_gate_grad, sum_before
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile, store_vec
 from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
@@ -101,12 +101,9 @@ def dqkw_kernel(
         # d gamma_i = q'_i . dq'_i - k_i . dk_i plus the terms of gamma_C, summed without what
         # cancels (module docstring): the intra-chunk products below the diagonal, the state
         # part of q'.dq', and, as its own share of dg, the k.dk state terms of earlier rows
-        o_r = tl.arange(0, BT)
-        m_below = o_r[:, None] > o_r[None, :]
-        b_pp = tl.where(m_below, causal_decay(b_dp, b_g, b_g, True, USE_G) * tl.dot(b_q, tl.trans(b_k),
-                                                                                  input_precision=PREC), 0.0) * scale
-        b_dgam = b_qdqs * scale + tl.sum(b_pp, axis=1) - tl.sum(b_pp, axis=0)
-        b_before = tl.exp2(b_glast) * tl.sum(b_hdh, axis=0) + tl.sum(tl.where(m_below, b_kdks[None, :], 0.0), axis=1)
+        b_pp = causal_decay(b_dp, b_g, b_g, True, USE_G) * tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale
+        b_dgam = b_qdqs * scale + pair_gate_grad(b_pp)
+        b_before = tl.exp2(b_glast) * tl.sum(b_hdh, axis=0) + sum_before(b_kdks)
         store_vec(dgam + i_k.to(tl.int64) * BTH + seq, b_dgam, t0, T, H, BT)
         store_vec(dgam + (tl.num_programs(0) + i_k).to(tl.int64) * BTH + seq, b_before, t0, T, H, BT)
     store_tile(dq + seq * K, b_dq * scale, t0, k0, T, K, H * K, BT, BK)

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.gates import GATE_SCALAR
+from kernels.common.triton.gates import GATE_SCALAR, pair_gate_grad, sum_before
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, chunk_launch, dot_precision, new_buffer, warps
 
@@ -83,12 +83,8 @@ def chunk_bwd_dqk_kernel(
     store_tile(dq + seq * K, b_dq, t0, i_k * BK, T, K, H * K, BT, BK)
     store_tile(dk + seq * K, b_dk, t0, i_k * BK, T, K, H * K, BT, BK)
     if GATE == 1:
-        m_below = o_i[:, None] > o_i[None, :]
-        b_P = tl.where(m_below, b_dA * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC), 0.0)
-        b_dG = b_qdq_inter + tl.sum(b_P, axis=1) - tl.sum(b_P, axis=0)
-        # sum_{j < t} k_j . dk_j(inter), term by term: a running sum less its own term would cancel
-        b_before = tl.sum(tl.where(m_below, b_kdk_inter[None, :], 0.0), axis=1)
-        b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + b_before + b_after
+        b_dG = b_qdq_inter + pair_gate_grad(b_dA * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC))
+        b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + sum_before(b_kdk_inter) + b_after
         # one share per K-block: dg is [NK, B, T, H]
         tl.store(dg + i_k.to(tl.int64) * dg_stride + seq + (t0 + o_i) * H, b_dg, mask=m_t)
 

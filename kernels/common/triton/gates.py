@@ -75,3 +75,27 @@ def anticausal_decay(b_x, b_gr, b_gc, INCLUSIVE: tl.constexpr, USE_G: tl.constex
         b_d = tl.where(m_rc, b_gc[None, :] - b_gr[:, None], float("-inf"))
         return b_x * tl.exp2(b_d)
     return tl.where(m_rc, b_x, 0.0)
+
+
+# The gate gradient without cancellation. A chunk's dg sums products whose O(1) parts cancel
+# under strong gates (each token's own pair term, a state term counted in a total and again in
+# a running sum); the two helpers below sum only the terms that survive, so fp32 leaves dg an
+# error as small as the decays in it rather than eps32 e^|g|.
+
+
+@triton.jit
+def pair_gate_grad(b_p):
+    """[BT, BT] pair terms p_ij of a chunk -> [BT]: sum_{j < t} p_tj - sum_{i > t} p_it, the
+    intra-chunk share of d gamma_t from the strictly lower part only (the diagonal cancels
+    between the two sums and is never added)."""
+    o = tl.arange(0, b_p.shape[0])
+    b_low = tl.where(o[:, None] > o[None, :], b_p, 0.0)
+    return tl.sum(b_low, axis=1) - tl.sum(b_low, axis=0)
+
+
+@triton.jit
+def sum_before(b_x):
+    """[BT] -> [BT]: sum_{j < t} x_j term by term (an inclusive running sum less x_t would
+    cancel to the rounding of the larger terms)."""
+    o = tl.arange(0, b_x.shape[0])
+    return tl.sum(tl.where(o[:, None] > o[None, :], b_x[None, :], 0.0), axis=1)
