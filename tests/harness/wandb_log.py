@@ -27,6 +27,8 @@ def read_records(path: Path) -> list:
             continue
         length = int.from_bytes(data[pos + 4 : pos + 6], "little")
         kind = data[pos + 6]
+        if pos + HEADER + length > len(data):  # the writer has not finished this chunk yet
+            break
         chunk = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == 0:
@@ -42,9 +44,16 @@ def read_records(path: Path) -> list:
 def wait_for_exit(path: Path, timeout_s: float = 60.0) -> list:
     """The log's records once its exit record is there: wandb's service process writes the log
     and can finish a moment after run.finish() returns on a loaded machine."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + timeout_s
     while True:
-        records = read_records(path)
+        try:
+            records = read_records(path)
+        except DecodeError:  # a chunk caught mid-write parses as corrupt; past the deadline it is
+            if time.monotonic() > deadline:
+                raise
+            records = []
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
             return records
         time.sleep(0.5)
