@@ -39,7 +39,7 @@ import triton.language as tl
 
 from kernels.common.launch import ChunkLaunch, settings
 from kernels.common.triton.cumsum import chunk_local_cumsum
-from kernels.common.triton.gates import LOG2E
+from kernels.common.triton.gates import LOG2E, rows_before
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
 from kernels.gated_linear_attention.triton_vector_paths import (
@@ -245,7 +245,10 @@ def _dqkg_chunk(
     b_dq_inter, b_dk_inter, b_dA, b_hdh = _sums_over_v(v, do, h, dh, seq, state, t0, i_k, T, H, K, V, BT, BK, BV,
                                                        DOT_PREC, True, INTER_AFTER == 0)
     b_q, b_k, b_g, b_glast, b_gfirst = load_chunk_qkg(q, k, gamma, seq, t0, last, m_t, i_k, T, H, K, BT, BK)
-    b_dA = tl.where(o_i[:, None] >= o_i[None, :], b_dA, 0.0) * scale
+    # the paths take dA strictly below the diagonal; each token's own pair (decay 1) enters
+    # dq and dk apart and never dG, where it would cancel between q dq and k dk
+    b_dAdiag = tl.sum(tl.where(o_i[:, None] == o_i[None, :], b_dA, 0.0), axis=1) * scale
+    b_dA = tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.0) * scale
 
     # --- intra-chunk part by the chunk's path
     if ONLY_PATH == PATH_CHUNK:
@@ -265,17 +268,20 @@ def _dqkg_chunk(
     if INTER_AFTER:
         b_dq_inter, b_dk_inter, _, b_hdh = _sums_over_v(v, do, h, dh, seq, state, t0, i_k, T, H, K, V, BT, BK,
                                                         BV, DOT_PREC, False, True)
-    b_kf = b_k.to(tl.float32)
+    b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
 
     # --- combine, and the gate gradient
     b_dq_inter *= tl.exp2(b_g) * scale
     b_dk_inter *= tl.exp2(b_glast[None, :] - b_g)
-    b_dG += b_q.to(tl.float32) * b_dq_inter - b_kf * b_dk_inter
-    b_dq += b_dq_inter
-    b_dk += b_dk_inter
-    # suffix beyond this chunk: <S', dS'> per channel, S' = e^{gamma_C} S + (K e^{gamma_C - gamma})^T V
-    b_after = tl.exp2(b_glast) * b_hdh + tl.sum(b_kf * b_dk_inter, axis=0)
-    b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + b_after[None, :]
+    b_dq += b_dq_inter + b_dAdiag[:, None] * b_kf
+    b_dk += b_dk_inter + b_dAdiag[:, None] * b_qf
+    # d gamma_t: the intra-chunk pairs straddling t, the inter-chunk query terms from t on,
+    # the state leaving the chunk (<S, dS'> decayed), and the inter-chunk key terms of the
+    # tokens before t alone: summed over all tokens and less a running sum from t, those
+    # would cancel to eps32 of the chunk's last keys, whose decay to the chunk's end is ~1
+    b_dG += b_qf * b_dq_inter
+    b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + (tl.exp2(b_glast) * b_hdh)[None, :]
+    b_dg += rows_before(b_kf * b_dk_inter)
     store_tile(dq + seq * K, b_dq, t0, i_k * BK, T, K, H * K, BT, BK)
     store_tile(dk + seq * K, b_dk, t0, i_k * BK, T, K, H * K, BT, BK)
     store_tile(dg + seq * K, b_dg, t0, i_k * BK, T, K, H * K, BT, BK)

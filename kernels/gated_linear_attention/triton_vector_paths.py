@@ -142,7 +142,8 @@ def intra_A_exact(b_q, b_k, b_g, k, gamma, seq, t0, o_i, o_t, m_t, o_k, m_k, i_k
 @triton.jit
 def dqk_intra_chunk(b_q, b_k, b_g, b_gfirst, b_dA, DOT_PREC: tl.constexpr):
     """PATH_CHUNK's intra-chunk dq, dk and their share of dG = q dq - k dk, one dot each
-    around the chunk's first row. b_dA: [BT, BT] fp32 (causal, scaled); returns (dq, dk, dG)
+    around the chunk's first row. b_dA: [BT, BT] fp32 (strictly lower, scaled: each
+    token's own pair is the caller's); returns (dq, dk, dG)
     [BT, BK] fp32.
 
     dG sums pairs (i, j) twice, once from dq_i and once, subtracted, from dk_j; only pairs
@@ -202,7 +203,8 @@ def dqk_intra_exact(b_q, b_k, b_g, b_dA, q, k, gamma, seq, t0, last, o_i, o_t, o
                     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                     DOT_PREC: tl.constexpr):
     """PATH_EXACT's intra-chunk dq, dk and share of dG (q dq - k dk), safe for any gates:
-    dq_i = sum_{j<=i} dA_ij k_j e^{gamma_i - gamma_j}, dk_j = sum_{i>=j} dA_ij q_i e^{gamma_i - gamma_j}."""
+    dq_i = sum_{j<=i} dA_ij k_j e^{gamma_i - gamma_j}, dk_j = sum_{i>=j} dA_ij q_i e^{gamma_i - gamma_j}
+    (the diagonal of dA is zero here: the caller adds each token's own pair)."""
     # --- off-diagonal sub-chunk blocks (masked full-chunk products)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)

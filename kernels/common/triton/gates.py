@@ -99,3 +99,16 @@ def sum_before(b_x):
     cancel to the rounding of the larger terms)."""
     o = tl.arange(0, b_x.shape[0])
     return tl.sum(tl.where(o[:, None] > o[None, :], b_x[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def _before_combine(a_before, a_last, b_before, b_last):
+    return a_before + a_last + b_before, b_last
+
+
+@triton.jit
+def rows_before(b_x):
+    """[BT, BK] -> [BT, BK]: column by column, sum_{j < t} x_jc, as an exclusive scan that
+    never adds x_t (sum_before for a tile: an inclusive cumsum less x_t would cancel)."""
+    b_before, _ = tl.associative_scan((tl.zeros_like(b_x), b_x), 0, _before_combine)
+    return b_before

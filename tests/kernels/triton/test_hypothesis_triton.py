@@ -227,11 +227,10 @@ def gate_and_dtype(draw, gates=("mild", "mixed", "strong")):
 def test_gated_linear_attention(vector, shape, small_tiles, gate_dtype, with_state, seed):
     """Mixed and strong gates are held to TRITON_DECAY_TOL: the kernels' decays are
     differences of fp32 cumulative gates of hundreds of nats (tests/util.py). Under gates strong
-    on every token the vector gate's dg is not compared: that kernel's dg loses e^|g| eps32 to
-    cancellation (test_gate_gradient_under_strong_gates pins it). The scalar gate's dg is
-    compared whole: it peaks on a few tokens (e^g from -5 to -20), and a peak's decay rounding
-    measured against the typical row's norm reaches 1.1e-4 (T = 68, chunks of 32; 1.4e-5
-    relative to the peak itself; whole-tensor 1.4e-5; 2026-12-04)."""
+    on every token dg is compared whole, not row by row: it peaks on a few tokens (e^g from -5
+    to -20), and a peak's decay rounding measured against the typical row's norm reaches 1.1e-4
+    (scalar gate, T = 68, chunks of 32; 1.4e-5 relative to the peak itself; whole-tensor
+    1.4e-5; 2026-12-04)."""
     (gate, dtype), (B, T, H, K, V, chunk) = gate_dtype, shape
     gen = torch.Generator().manual_seed(seed)
     inputs = qkv(B, T, H, K, V, gen)
@@ -240,7 +239,6 @@ def test_gated_linear_attention(vector, shape, small_tiles, gate_dtype, with_sta
     tol = None if gate == "mild" else TRITON_DECAY_TOL
     with tile_caps(small_tiles):
         check(gated_linear_attention, inputs, state, dtype, seed + 1, tol=tol,
-              unchecked=("dg",) if gate == "strong" and vector else (),
               rows_unchecked=("dg",) if gate == "strong" else (), chunk_size=chunk)
 
 
@@ -347,9 +345,9 @@ def test_mesa(shape, small_tiles, regime, with_state, dtype, seed):
 
 
 # -- the smallest cases of what the properties draw -----------------------------------------------
-# A partial chunk past -88 nats and g = -inf, each of which the kernels must handle; and dg under
-# strong gates, a precision bug of the kernels, as a strict xfail: it fails once they are fixed,
-# so that it and the property tests' exclusion of dg that refers to it go together.
+# A partial chunk past -88 nats and g = -inf, each of which the kernels must handle; dg under
+# strong gates, which cancels unless the kernels leave out the pairs of terms that cancel; and
+# the vector gate's dg on each of its intra-chunk paths.
 
 
 def _grads_of_ones(op, leaves: list[torch.Tensor], backend: str, **options) -> list[torch.Tensor]:
@@ -398,21 +396,15 @@ def test_minus_inf_gate(op):
     assert all(e < TOL[torch.float32] for e in errors), errors
 
 
-STRONG_GATE_DG_BUG = pytest.mark.xfail(strict=True, reason="kernel precision bug: dg of the vector-gate GLA kernels "
-                                                             "cancels under strong gates")
-
-
-@pytest.mark.parametrize("op", ["gla_scalar", pytest.param("gla_vector", marks=STRONG_GATE_DG_BUG), "gated_delta_rule"])
+@pytest.mark.parametrize("op", ["gla_scalar", "gla_vector", "gated_delta_rule"])
 def test_gate_gradient_under_strong_gates(op):
     """Two tokens with g = -10 (on every channel). dg formed as sums of q.dq - k.dk (and the
     delta rule's like terms) is a difference of O(1) parts that leaves dg ~ e^-10: fp32
     rounding gives it a relative error near eps32 e^|g| (3e-3..1e-2 here; 1e-5..9e-5 at g = -5,
     0.25..1.5 at -15), where the PyTorch chunked forms, which differentiate the decays
-    themselves, measure 1e-7. The scalar-gate GLA and gated-delta-rule kernels sum only the
-    parts that do not cancel (kernels/gated_linear_attention/triton_grad_qk.py,
-    kernels/gated_delta_rule/triton_bwd_grad.py); the vector-gate kernels still cancel. o, dq,
-    dk, dv (and dbeta) are right: test_gated_linear_attention and test_gated_delta_rule check
-    them under such gates."""
+    themselves, measure 1e-7. The kernels sum only the parts that do not cancel
+    (kernels/gated_linear_attention/triton_grad_qk.py and triton_vector.py,
+    kernels/gated_delta_rule/triton_bwd_grad.py)."""
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 1, 16, generator=gen) for _ in range(3))
     g = torch.full((1, 2, 1), -10.0)
@@ -424,3 +416,27 @@ def test_gate_gradient_under_strong_gates(op):
     got = _grads_of_ones(fn, leaves, "triton", **options)
     ref = _grads_of_ones(fn, [t.double() for t in leaves], "reference")
     assert rel_err(got[4], ref[4]) < TOL[torch.float32]  # dg
+
+
+@pytest.mark.parametrize(("g", "path"), [(-0.5, "chunk"), (-3.0, "sub"), (-10.0, "exact")])
+def test_vector_gate_gradient_on_each_path(g, path):
+    """The vector gate's dg on each intra-chunk path (T = 70: a whole chunk of 64 and a tail),
+    a random cotangent, gates of one strength on every token and channel: -0.5 a token keeps
+    the chunk within the factored span (PATH_CHUNK), -3 keeps each 8-row sub-chunk within it
+    (PATH_SUB), -10 needs the exact path. The census of record_paths names the path that ran.
+    At -10 the chunk's log2 cumulative gates reach ~920, whose rounding every decay inherits:
+    held to TRITON_DECAY_TOL (1.6e-5 measured; 9.9e-3 while dg still cancelled, 2026-12-04)."""
+    from kernels.gated_linear_attention.triton_vector import record_paths, shares_of
+
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, do = (torch.randn(1, 70, 2, 16, generator=gen) for _ in range(4))
+    gates = torch.full((1, 70, 2, 16), g) + 0.1 * torch.rand(1, 70, 2, 16, generator=gen)
+    def dg(backend, dtype):
+        leaves = [t.to(dtype).requires_grad_(True) for t in (q, F.normalize(k, dim=-1), v, gates)]
+        o, _ = gated_linear_attention(*leaves, backend=backend)
+        return torch.autograd.grad(o, leaves, do.to(dtype))[3]
+
+    with record_paths() as census:
+        got = dg("triton", torch.float32)
+    assert shares_of(torch.stack(census["bwd_dqkg"]))[path] >= 0.5  # the 6-row tail may take a cheaper path
+    assert rel_err(got, dg("reference", torch.float64)) < (TRITON_DECAY_TOL if g < -5 else TOL[torch.float32])
