@@ -6,7 +6,9 @@ checked one by one against the chunked PyTorch form run in fp64 on the same GPU 
 per-token loop is too slow at these lengths). The gated backward is checked gradient by
 gradient: FLA refuses its own on Triton 3.6 / Hopper for a miscompilation. The ops run
 with backend="triton" and each case asserts that the Triton entry point ran; every error is
-held to TOL (whole tensor) and ROW_TOL (worst row, tests/util.py). A vector gate's cases
+held to TOL (whole tensor) and ROW_TOL (worst row, tests/util.py), except that a bf16 worst
+row over ROW_TOL passes when the same case with fp16 inputs shows it to be rounding
+(tests/util.py rounding_verdict), as in the delta rules' GPU tests. A vector gate's cases
 log the share of chunks on each intra-chunk path from triton_vector.path_shares (the PyTorch
 copy of the kernels' choice, which the CPU tests hold to the census the kernels report): the
 kernels run as launched by default, without the census store.
@@ -23,7 +25,16 @@ import torch
 import torch.nn.functional as F
 
 from tests.gpu.backends import triton_ran
-from tests.util import GPU_ONLY, ROW_TOL, TOL, TRITON_DECAY_TOL, record_gpu_errors, rel_err, row_err
+from tests.util import (
+    GPU_ONLY,
+    ROW_TOL,
+    TOL,
+    TRITON_DECAY_TOL,
+    record_gpu_errors,
+    rel_err,
+    rounding_verdict,
+    row_err,
+)
 
 pytestmark = GPU_ONLY
 
@@ -54,6 +65,10 @@ def make_inputs(B, T, H, K, V, dtype, gate, gate_kind, seed):
         tensors["g"] = g.float()
     h0 = torch.randn(B, H, K, V, device=dev, generator=gen)
     return tensors, h0
+
+
+def dtype_name(dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
 
 
 def check_against_fp64(tensors, h0, tol, chunk_size=64, label=""):
@@ -103,6 +118,21 @@ def assert_each(errors, tol, row_tol):
         assert err < bound, f"{name}: {err:.3e} >= {bound:g} (all: {errors})"
 
 
+def assert_bf16(errors, fp16_twin):
+    """A bf16 case: every whole-tensor error under TOL; a worst row over ROW_TOL passes only
+    as rounding, which fp16_twin() (the errors of the same case with fp16 inputs, measured on
+    first need) must show by shrinking it ROUNDING_SHRINK-fold (tests/util.py)."""
+    bf16 = torch.bfloat16
+    twin = None
+    for name, err in errors.items():
+        if not name.endswith("(worst row)"):
+            assert err < TOL[bf16], f"{name}: {err:.3e} >= {TOL[bf16]:g} (all: {errors})"
+        elif not err < ROW_TOL[bf16]:
+            twin = twin if twin is not None else fp16_twin()
+            why = rounding_verdict(err, twin[name.removesuffix(" (worst row)")], twin[name])
+            assert why is None, f"{name}: {err:.3e} >= {ROW_TOL[bf16]:g}, and {why} (all: {errors})"
+
+
 @pytest.mark.parametrize(
     "gate, gate_kind, T",
     [
@@ -115,9 +145,11 @@ def assert_each(errors, tol, row_tol):
     ],
 )
 def test_bf16_long_sequences(gate, gate_kind, T):
-    tensors, h0 = make_inputs(1, T, 2, 128, 128, torch.bfloat16, gate, gate_kind, seed=T + len(gate_kind))
-    errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 T={T} gate={gate}/{gate_kind}")
-    assert_each(errors, TOL[torch.bfloat16], ROW_TOL[torch.bfloat16])
+    def errors_in(dtype):
+        tensors, h0 = make_inputs(1, T, 2, 128, 128, dtype, gate, gate_kind, seed=T + len(gate_kind))
+        return check_against_fp64(tensors, h0, TOL[dtype], label=f"{dtype_name(dtype)} T={T} gate={gate}/{gate_kind}")
+
+    assert_bf16(errors_in(torch.bfloat16), lambda: errors_in(torch.float16))
 
 
 @pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
@@ -150,10 +182,12 @@ def test_bf16_fused_forward(monkeypatch, gate, segments):
 
     # segments run below min_heads only
     fused = fused_forward_changes(min_heads=10**6 if segments else 1, segment_programs=segments)
-    tensors, h0 = make_inputs(1, 8192, 2, 128, 128, torch.bfloat16, gate, "near0", seed=77)
+    def errors_in(dtype):
+        tensors, h0 = make_inputs(1, 8192, 2, 128, 128, dtype, gate, "near0", seed=77)
+        return check_against_fp64(tensors, h0, TOL[dtype], label=f"{dtype_name(dtype)} fused/{segments} T=8192 gate={gate}")
+
     with launch_settings(**each(CHUNK_OPS, fused)):
-        errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16], label=f"bf16 fused/{segments} T=8192 gate={gate}")
-    assert_each(errors, TOL[torch.bfloat16], ROW_TOL[torch.bfloat16])
+        assert_bf16(errors_in(torch.bfloat16), lambda: errors_in(torch.float16))
 
 
 @pytest.mark.parametrize("gate", ["scalar", "vector"])
@@ -169,9 +203,11 @@ def test_bf16_vector_one_launch_16_rows(gate_kind):
     16 rows in the forward and backward."""
     from kernels.common.launch import launch_settings
 
-    tensors, h0 = make_inputs(1, 8192, 2, 128, 128, torch.bfloat16, "vector", gate_kind, seed=91)
+    def errors_in(dtype):
+        tensors, h0 = make_inputs(1, 8192, 2, 128, 128, dtype, "vector", gate_kind, seed=91)
+        return check_against_fp64(tensors, h0, TOL[dtype],
+                                  label=f"{dtype_name(dtype)} one launch, 16 rows T=8192 gate=vector/{gate_kind}")
+
     with launch_settings(gated_linear_attention={"bwd_dqkg": {"split_paths": False, "sub_chunk": 16},
                                                  "intra_A": {"sub_chunk": 16}}):
-        errors = check_against_fp64(tensors, h0, TOL[torch.bfloat16],
-                                    label=f"bf16 one launch, 16 rows T=8192 gate=vector/{gate_kind}")
-    assert_each(errors, TOL[torch.bfloat16], ROW_TOL[torch.bfloat16])
+        assert_bf16(errors_in(torch.bfloat16), lambda: errors_in(torch.float16))
