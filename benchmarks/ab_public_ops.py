@@ -4,10 +4,11 @@ process (both name their package `kernels`), on identical seeded inputs.
     python benchmarks/ab_public_ops.py --tree .abtree --label before --out ab.jsonl [--round 1]
 
 Appends one JSON line per point to --out: label, tree commit, op, variant, T, phase, the first
-call's seconds (the Triton compile when the cache is cold) and the do_bench median ms (L2
-flushed between calls). benchmarks/h200_ab.sh runs the trees' processes in turn, round after
-round, so drift on the machine falls on both; `--summarize` folds the lines into medians per
-point and the after/before ratio.
+call's seconds (the Triton compile when the cache is cold) and the median ms of the tasks'
+one timer (tasks/common/timing.py: L2 flushed before each call, calls queued, one wait).
+benchmarks/h200_kernels.sh (AB_S) runs the trees' processes in turn, round after round, so
+drift on the machine falls on both; `--summarize` folds the lines into medians per point and
+the after/before ratio.
 
 Only for comparing trees: kernel timings of one tree are run records of the kernels task.
 """
@@ -58,16 +59,23 @@ def inputs(op: str, variant: str, T: int, torch):
     return args
 
 
+# as the kernels task times a point on CUDA, with a longer warm-up (the first call compiled)
+TIMING_OPTIONS = {"warmup": 10, "min_repeats": 10, "max_repeats": 200, "target_ms": 300.0}
+
+
 def run_tree(args) -> None:
     global TOKENS, H, D, DEVICE, DTYPE
     if args.smoke:  # the code paths on the CPU interpreter at a toy size: no timing
         TOKENS, H, D, DEVICE, DTYPE, args.warm_only = 256, 2, 16, "cpu", "float16", True
     tree = Path(args.tree).resolve()
-    sys.path.insert(0, str(tree))
+    # kernels from the tree under test; the timer (which imports no kernels) from this checkout
+    sys.path[:0] = [str(tree), str(Path(__file__).resolve().parents[1])]
     import torch
-    import triton.testing
 
     import kernels
+    from tasks.common.timing import TimingOptions, time_callable
+
+    TIMING = TimingOptions(**TIMING_OPTIONS)
 
     if not Path(kernels.__file__).resolve().is_relative_to(tree):
         raise SystemExit(f"kernels imported from {kernels.__file__}, not from --tree {tree}")
@@ -100,7 +108,7 @@ def run_tree(args) -> None:
                             torch.cuda.synchronize()
                         row["first_call_s"] = time.perf_counter() - t0
                         if not args.warm_only:
-                            row["ms"] = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
+                            row["ms"] = time_callable(call, DEVICE, TIMING).median_ms
                         row["status"] = "ok"
                     except Exception as e:  # recorded, and the next point goes on
                         row["status"], row["error"] = "failed", f"{type(e).__name__}: {e}"[:300]

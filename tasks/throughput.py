@@ -22,10 +22,11 @@ from tasks.common.baselines import (
     softmax_baseline_call,
 )
 from tasks.common.crossover import crossover
+from tasks.common.faults import free_memory
 from tasks.common.layer_config import LayerTaskConfig
 from tasks.common.plots import plot_decode, plot_times
 from tasks.common.timing import TimingConfig, TimingOptions, cpu_threads, measure
-from tasks.common.workloads import DTYPES, build_layer, free_memory, make_call
+from tasks.common.workloads import DTYPES, build_layer, make_call
 from tasks.registry import register_task
 
 SoftmaxBackend = Literal["flash_attn", "flash_attn_cute", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math"]

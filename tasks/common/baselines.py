@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from kernels.common.spec import FlaKernel, load_entry
 from kernels.registry import SPECS
 from mixers import Mixer
-from tasks.common.workloads import describe, op_inputs, phase_call
+from tasks.common.faults import describe
+from tasks.common.workloads import op_inputs, phase_call
 
 SOFTMAX_BACKENDS = ("flash_attn", "flash_attn_cute", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math")
 _SDPA = {

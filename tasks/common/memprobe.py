@@ -33,14 +33,8 @@ from typing import Any, Protocol
 
 import torch
 
-from tasks.common.workloads import (
-    LayerSpec,
-    build_layer,
-    describe,
-    free_memory,
-    is_oom,
-    make_call,
-)
+from tasks.common.faults import describe, free_memory, is_oom
+from tasks.common.workloads import LayerSpec, build_layer, make_call
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

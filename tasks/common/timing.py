@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.common.workloads import describe, free_memory, is_oom
+from tasks.common.faults import describe, free_memory, is_oom
 
 # Larger than the L2 of current GPUs (H100/H200: 50-60 MB), so zeroing it evicts everything.
 _L2_FLUSH_BYTES = 256 * 2**20

@@ -15,8 +15,9 @@ from harness.tracking import Tracker
 from tasks.base import RunContext
 from tasks.common import flops
 from tasks.common.crossover import crossover
+from tasks.common.faults import is_oom
 from tasks.common.timing import TimingOptions, summarize, time_callable
-from tasks.common.workloads import LayerSpec, build_layer, is_oom
+from tasks.common.workloads import LayerSpec, build_layer
 from tasks.throughput import Throughput
 
 PNG = b"\x89PNG\r\n\x1a\n"
