@@ -23,20 +23,17 @@ from benchmarks.json_record import save_record
 from harness.config import resolve_config
 from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw
 from tasks.common.model import MixerLM
+from tasks.common.timing import TimingOptions, time_callable
 from tasks.common.training import float32_matmul
 from tasks.mqar import MQAR
 from tasks.mqar_data import make_mqar
 
 
 def cuda_ms_per_step(step, n: int) -> float:
-    """GPU milliseconds per call of step() over n calls back to back (CUDA events)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
+    """Median GPU milliseconds of step() over n calls queued back to back: the tasks' one timer
+    (tasks/common/timing.py) without its L2 flush, since a training step runs on its own traffic."""
+    return time_callable(step, torch.device("cuda"), TimingOptions(warmup=0, min_repeats=n, max_repeats=n,
+                                                                   flush_l2=False)).median_ms
 
 
 def profile_mixer(mixer: str, backend: str, d_model: int, batch: int, seq_len: int, pairs: int, top: int,

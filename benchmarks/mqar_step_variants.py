@@ -24,7 +24,6 @@ import contextlib
 import importlib
 import platform
 import statistics
-import time
 from unittest import mock
 
 import numpy as np
@@ -37,6 +36,7 @@ from harness.config import resolve_config
 from harness.envinfo import device_name
 from tasks.common.graphed_step import GraphedSteps, make_capturable_adamw
 from tasks.common.model import MixerLM, scored_positions
+from tasks.common.timing import TimingOptions, time_callable
 from tasks.common.training import compiled_loss, float32_matmul
 from tasks.mqar import MQAR
 from tasks.mqar_data import make_mqar
@@ -159,8 +159,8 @@ def solve_accuracy(B: int, T: int, H: int, K: int, V: int, device: str = "cuda")
 
 def cpu_default_steps(mixers: list[str], rounds: int, steps: int = 10) -> list[dict]:
     """ms per eager training step (forward, backward, AdamW) of the CPU `default` preset's
-    model and batch, per mixer and form, the forms interleaved in each round; median over
-    rounds. The default preset has no BaseConv, so the conv form reaches ShortConv alone."""
+    model and batch, per mixer and form, the forms interleaved in each round (a round: the
+    median of `steps` steps, the tasks' one timer); median over rounds. The default preset has no BaseConv, so the conv form reaches ShortConv alone."""
     cfg = resolve_config(MQAR, "default", None, ["model.mixer.backend=torch"])
     setting = cfg.train[0]
     x, y = make_mqar(cfg.optim.batch_size, setting.seq_len, setting.num_kv_pairs, cfg.vocab_size, 0,
@@ -182,14 +182,13 @@ def cpu_default_steps(mixers: list[str], rounds: int, steps: int = 10) -> list[d
             opt.step()
 
         times: dict[tuple[str, str], list[float]] = {f: [] for f in forms}
+        per_round = TimingOptions(warmup=0, min_repeats=steps, max_repeats=steps)
         for r in range(rounds + 1):  # round 0 warms up
             for form in forms:
                 with variant(*form):
-                    start = time.perf_counter()
-                    for _ in range(steps):
-                        one_step()
-                    if r:
-                        times[form].append(1e3 * (time.perf_counter() - start) / steps)
+                    ms = time_callable(one_step, torch.device("cpu"), per_round).median_ms
+                if r:
+                    times[form].append(ms)
         for (conv, solve), ts in times.items():
             rows.append({"mixer": mixer, "conv": conv, "solve": solve, "ms_per_step": statistics.median(ts),
                          "rounds_ms": ts})
