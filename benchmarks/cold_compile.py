@@ -124,8 +124,11 @@ def main() -> None:
     if unknown:
         p.error(f"--mixers: {unknown} have no Triton op here; valid: {', '.join(MIXERS)}")
     head_dims = [int(d) for d in args.head_dims.split(",")]
+    sys.path.insert(0, str(ROOT))
     import torch
     import triton
+
+    from benchmarks.json_record import save_text
 
     record = {"what": __doc__.split("\n\n")[0], "machine": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "jobs": args.jobs,
@@ -139,9 +142,7 @@ def main() -> None:
             print(f"{result['mixer']:9s} K={result['head_dim']:4d} {result['status']:8s} "
                   f"compile {result.get('compile_s', float('nan')):7.1f} s "
                   f"({len(result.get('launches', []))} kernels)", flush=True)
-            tmp = args.out.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record, indent=1))
-            tmp.replace(args.out)
+            save_text(json.dumps(record, indent=1), args.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Time generating MQAR training data against loading it from the data cache (CPU).
 
-    python -m benchmarks.datacache_bench [--out results/bench/datacache_cpu.json]
+    python -m benchmarks.datacache_bench [--out results/findings/datacache_cpu.json]
 
 For the `default`, `paper` and `zoology` presets' training settings: the generator's time, the first
 call's (generate + save) and a second call's (load), each the median of three runs in a fresh
@@ -48,7 +48,7 @@ def time_preset(preset: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("results/bench/datacache_cpu.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/findings/datacache_cpu.json"))
     args = parser.parse_args()
     import datasets
     import torch

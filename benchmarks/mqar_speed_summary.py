@@ -2,7 +2,7 @@
 
     python -m benchmarks.mqar_speed_summary --alone results/ablations/mqar-gpu-alone \
         --packed results/ablations/mqar-gpu-zoology-vs-paper results/ablations/mqar-gpu-recipe \
-        results/ablations/mqar-gpu-pairs --out results/bench/mqar_steps_h200.json
+        results/ablations/mqar-gpu-pairs --out results/findings/mqar_steps_h200.json
 
 A run's rate is train_steps / train_time_s (its own training loop, evaluation excluded);
 `outside_training_s` is the rest of its wall time (process start, data, evaluation, record).

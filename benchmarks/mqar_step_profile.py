@@ -2,7 +2,7 @@
 ms per step eager and replayed as a CUDA graph (steady state, after capture), and the
 kernels with the most CUDA time in an eager step (torch.profiler).
 
-    python -m benchmarks.mqar_step_profile --out results/bench/mqar_step_profile_h200.json \
+    python -m benchmarks.mqar_step_profile --out results/findings/mqar_step_profile_h200.json \
         [--backends torch,triton] [--precisions highest,high] [--compile none,inductor]
 
 --compile inductor wraps the model's loss in torch.compile (static shapes) before the eager
@@ -77,7 +77,7 @@ def profile_mixer(mixer: str, backend: str, d_model: int, batch: int, seq_len: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results/bench/mqar_step_profile.json")
+    parser.add_argument("--out", default="results/findings/mqar_step_profile.json")
     parser.add_argument("--mixers", default="gdn,softmax,deltanet,mesa")
     parser.add_argument("--backends", default="torch", help="comma-separated: torch, triton (softmax always torch)")
     parser.add_argument("--precisions", default="highest",

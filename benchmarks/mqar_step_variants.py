@@ -7,7 +7,7 @@ doubling (`unit_lower_inverse` below). Both pairs compute the same function; the
 costs in a compiled, graphed step of the zoology model and, for the solve, how far each is
 from an fp64 reference under TF32 matmuls.
 
-    python -m benchmarks.mqar_step_variants --out results/bench/mqar_step_variants_h200.json \
+    python -m benchmarks.mqar_step_variants --out results/findings/mqar_step_variants_h200.json \
         [--mixers gdn,mesa,softmax] [--explain-mixers gdn,mesa] [--d-model 128] [--rounds 7]
     python -m benchmarks.mqar_step_variants --cpu-default --mixers gdn,... --out F.json   # eager, CPU
 
@@ -160,7 +160,8 @@ def solve_accuracy(B: int, T: int, H: int, K: int, V: int, device: str = "cuda")
 def cpu_default_steps(mixers: list[str], rounds: int, steps: int = 10) -> list[dict]:
     """ms per eager training step (forward, backward, AdamW) of the CPU `default` preset's
     model and batch, per mixer and form, the forms interleaved in each round (a round: the
-    median of `steps` steps, the tasks' one timer); median over rounds. The default preset has no BaseConv, so the conv form reaches ShortConv alone."""
+    median of `steps` steps, the tasks' one timer); median over rounds.
+    The default preset has no BaseConv, so the conv form reaches ShortConv alone."""
     cfg = resolve_config(MQAR, "default", None, ["model.mixer.backend=torch"])
     setting = cfg.train[0]
     x, y = make_mqar(cfg.optim.batch_size, setting.seq_len, setting.num_kv_pairs, cfg.vocab_size, 0,
@@ -198,7 +199,7 @@ def cpu_default_steps(mixers: list[str], rounds: int, steps: int = 10) -> list[d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results/bench/mqar_step_variants.json")
+    parser.add_argument("--out", default="results/findings/mqar_step_variants.json")
     parser.add_argument("--mixers", default="gdn,mesa,softmax")
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=7)

@@ -107,7 +107,9 @@ def main() -> None:
               "solve_precision": args.solve_precision, "batch": args.batch,
               "seq_len": args.seq_len, "triton": triton.__version__,
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    args.out.write_text(json.dumps(record, indent=1))
+    from benchmarks.json_record import save_text
+
+    save_text(json.dumps(record, indent=1) + "\n", args.out)
     for r in rows:
         print(f"{r['kernel']:11s} {str(r['constexprs']):40s} {str(r['options']):36s} {r['resources']}")
 

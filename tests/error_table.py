@@ -1,6 +1,6 @@
 """The tolerance of every kernel test and the largest error measured under it.
 
-    python -m tests.error_table [--jobs 2] [--out results/bench/kernel_test_errors_cpu.json] [PYTEST_ARGS ...]
+    python -m tests.error_table [--jobs 2] [--out results/findings/kernel_test_errors_cpu.json] [PYTEST_ARGS ...]
 
 Runs the kernel tests (tests/kernels and tests/mixers by default; not the sm_90 compile
 check, which measures no error) with KERNEL_ERRORS_JSON set, so that tests/util.py records
@@ -25,9 +25,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.json_record import save_text
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TESTS = ["tests/kernels", "tests/mixers", "--ignore=tests/kernels/test_compile_sm90.py"]
-DEFAULT_OUT = "results/bench/kernel_test_errors_cpu.json"
+DEFAULT_OUT = "results/findings/kernel_test_errors_cpu.json"
 DTYPE_ORDER = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
 
 
@@ -128,7 +130,7 @@ def write_json(path: Path, record: dict) -> None:
         else:
             lines.append(f"{json.dumps(key)}: {json.dumps(value)}{comma}")
     lines.append("}")
-    path.write_text("\n".join(lines) + "\n")
+    save_text("\n".join(lines) + "\n", path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks.json_record import save_text
+
 REPO = Path(__file__).resolve().parents[1]
 OFFSET = re.compile(r"\bi_([kv]) \* B([KV])\b")
 TESTS = "tests/kernels/triton/test_multi_block.py"
@@ -127,8 +129,8 @@ def main() -> None:
     print(f"{len(results)} mutants: {sum(m.killed is True for m in results)} killed, {len(survived)} survived, "
           f"{len(uncovered)} not covered")
     if args.out:
-        Path(args.out).write_text(json.dumps({"what": __doc__.splitlines()[0], "mutants": [asdict(m) for m in results]},
-                                             indent=1))
+        save_text(json.dumps({"what": __doc__.splitlines()[0], "mutants": [asdict(m) for m in results]}, indent=1),
+                  args.out)
     sys.exit(1 if survived else 0)
 
 

@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+from benchmarks.json_record import save_text
+
 # When this variable names a file, rel_err and row_err record every error they measure, and
 # the bound each one is compared with, under the running test; tests/conftest.py writes the
 # records there at the end of the session and tests/error_table.py tabulates them. Unset (the
@@ -118,7 +120,7 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 
 
 # fp32: every CPU kernel test measures at most 3.8e-6 (worst rows; whole tensors 1.1e-6) against
-# fp64, the chunked and Triton forms, MesaNet's converged CG included (results/bench/
+# fp64, the chunked and Triton forms, MesaNet's converged CG included (results/findings/
 # kernel_test_errors_cpu.json, python -m tests.error_table); 1e-5 bounds that with a margin of
 # 2.6. Triton GLA and gated-delta-rule tests under strong gates have their own bound,
 # TRITON_DECAY_TOL.
@@ -180,5 +182,4 @@ def record_gpu_errors(case: str, errors: dict[str, float]) -> None:
         with open(path) as f:
             old = json.load(f)
     old[case] = errors
-    with open(path, "w") as f:
-        json.dump(old, f, indent=1)
+    save_text(json.dumps(old, indent=1), path)

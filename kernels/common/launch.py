@@ -21,10 +21,10 @@ Runs record what their Triton ops used: within `recording_launches()`, each op's
 calls note_launch(op) and the settings it ran with land in the yielded dict, which the
 runner writes into the run record's `launch` field.
 
-The defaults were measured on one H200 at K = V = 128 (results/bench/h200_linear_gla.json,
-h200_linear_gla_tune.json, h200_delta.json, h200_mesa.json); the kernels task times
-alternatives under launch_settings (its `launch` field, a sweep's `vary`:
-configs/kernels-launch.yaml). This module imports neither torch nor triton.
+The defaults were measured on one H200 at K = V = 128 (2026-11-29, before the kernels task:
+`git show 4509c5c:results/bench/<h200_linear_gla,h200_linear_gla_tune,h200_delta,h200_mesa>.json`);
+the kernels task times alternatives under launch_settings (its `launch` field, a sweep's
+`vary`: configs/kernels-launch.yaml). This module imports neither torch nor triton.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def solve_unit_lower(a_mat: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
 
     An explicit inverse by block doubling (two batched products per level) takes 1 % off a
     compiled H200 training step, compiles slower and runs slower on the CPU
-    (results/bench/mqar_step_variants_h200.json): the solve stays a substitution."""
+    (results/findings/mqar_step_variants_h200.json): the solve stays a substitution."""
     return torch.linalg.solve_triangular(a_mat, rhs, upper=False, unitriangular=True)
 
 

@@ -9,7 +9,8 @@ with D = 1 (no gate), e^{g} (scalar gate) or diag(e^{g}) (vector gate), formed a
 state: each program reads its [K, BV] block of h once (the whole K, which the delta
 rule's recall h^T k needs), and writes the new block and its slice of o. The PyTorch steps
 (kernels/<op>/step.py) make several passes and temporaries of the state's size;
-results/bench/h200_linear_gla_tune.json (decode_step) times both on an H200. States are
+the 2026-11-29 H200 timing of both is `git show 4509c5c:results/bench/h200_linear_gla_tune.json`
+(decode_step). States are
 fp32; fp64 inputs are not taken (the callers keep them on the PyTorch step).
 """
 
