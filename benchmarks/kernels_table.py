@@ -49,13 +49,24 @@ def _cell(points: dict, T: int, phase: str, ours_name: str, peer_name: str) -> s
     return f"{ours['ms']:.2f} ms" + ("" if peer is None else f" ({peer_name} {peer['status']})")
 
 
+def _short_device(name: str) -> str:
+    """A record's device name for a table cell: 'NVIDIA H100 80GB HBM3' -> 'H100'; a CPU's
+    ('cpu: <model>') whole."""
+    return name if name.startswith("cpu") else name.removeprefix("NVIDIA ").split(" ")[0]
+
+
 def table(results: Path, device: str, heads: tuple[int, int], peer_name: str = "fla") -> str:
+    """The markdown table of the newest records (module doc). Where its rows come from more than
+    one device, a last column names each row's device and commit."""
     newest = _newest(results, device)
     if not newest:
         return f"no ok kernels records for device {device} under {results / 'runs'}"
+    devices = sorted({r.device for r in newest.values()})
+    per_row = len(devices) > 1
     lengths = sorted({T for r in newest.values() for (T, _, _) in _points(r, heads)})
     head = " / ".join(f"T={T // 1024}k" if T >= 1024 else f"T={T}" for T in lengths)
-    lines = [f"| op | ours / peer | fwd {head} | fwd+bwd {head} | peer |", "|---|---|---|---|---|"]
+    lines = [f"| op | ours / peer | fwd {head} | fwd+bwd {head} | peer |" + (" record |" if per_row else ""),
+             "|---|---|---|---|---|" + ("---|" if per_row else "")]
     for (op, variant), rec in sorted(newest.items()):
         pts = _points(rec, heads)
         peer = _peer(op, peer_name)
@@ -63,8 +74,10 @@ def table(results: Path, device: str, heads: tuple[int, int], peer_name: str = "
         cells = [" / ".join(_cell(pts, T, phase, rec.backend, peer) for T in lengths) for phase in ("fwd", "fwdbwd")]
         name = op if variant == "default" else f"{op} ({variant})"
         label = f"{rec.backend} / {'FLA' if peer == 'fla' else peer}" if why == "ok" else rec.backend
-        lines.append(f"| {name} | {label} | {cells[0]} | {cells[1]} | {'same process' if why == 'ok' else why} |")
-    devices = sorted({r.device for r in newest.values()})
+        row = f"| {name} | {label} | {cells[0]} | {cells[1]} | {'same process' if why == 'ok' else why} |"
+        if per_row:
+            row += f" {_short_device(rec.device)}, {rec.git_commit[:7]} |"
+        lines.append(row)
     commits = sorted({r.git_commit[:7] for r in newest.values()})
     versions = sorted({", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())
                                  if k in ("torch", "triton", "fla") and v) for r in newest.values()})

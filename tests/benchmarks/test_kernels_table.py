@@ -1,10 +1,12 @@
-"""benchmarks.kernels_table: the table holds each op's default launch settings, not a variant's."""
+"""benchmarks.kernels_table: the table holds each op's default launch settings, not a variant's, and
+names each row's device where its rows come from several."""
 import time
 
 import torch
 
-from benchmarks.kernels_table import _newest
+from benchmarks.kernels_table import _newest, table
 from harness.config import resolve_config
+from harness.records import write_record
 from harness.runner import RunSpec, execute
 from harness.tracking import Tracker
 from tasks.kernels import Kernels
@@ -24,3 +26,19 @@ def test_a_newer_launch_variant_does_not_replace_the_default(tmp_path):
     assert variant.finished > default.finished
     newest = _newest(tmp_path, "cpu")
     assert newest[("linear_attention", "default")].run_id == default.run_id
+
+
+def test_rows_from_several_devices_name_theirs(tmp_path):
+    linear = _record(tmp_path)
+    gdn_cfg = resolve_config(Kernels, "tiny", None, ["backends=[torch]", "seq_lens=[16]", "phases=[fwd]"])
+    gdn, _ = execute(RunSpec("gdn", Kernels, "tiny", gdn_cfg, torch.device("cpu"), 0), tmp_path, Tracker(enabled=False))
+    heads = (linear.details["points"][0]["H"], linear.details["points"][0]["K"])
+    one_device = table(tmp_path, "cpu", heads, peer_name="torch")
+    assert " record |" not in one_device.splitlines()[0]
+    # the same gdn record, as if another CPU had run it
+    write_record(tmp_path, gdn.model_copy(update={"device": "cpu: other model"}))
+    lines = table(tmp_path, "cpu", heads, peer_name="torch").splitlines()
+    assert lines[0].endswith(" record |")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:4]}
+    assert rows["gated_delta_rule"].endswith(f" cpu: other model, {gdn.git_commit[:7]} |")
+    assert rows["linear_attention"].endswith(f" {linear.device}, {linear.git_commit[:7]} |")
