@@ -10,7 +10,10 @@ with the same cotangents. Outputs, final states and every gradient must be finit
 the bounds of tests/nan_cases.py: TOL / ROW_TOL (tests/util.py) for bf16 and, for fp32, the
 same bounds as on the CPU interpreter. A bf16 worst row over ROW_TOL (its whole tensor within
 TOL) passes only as rounding: the same case with fp16 inputs must shrink it as rounding does
-(tests/util.py rounding_verdict). MesaNet runs 100 CG steps in fp32 (30 in bf16), enough
+(tests/util.py rounding_verdict). MesaNet's 16-bit path also rounds where the input dtype does
+not reach: tf32 dots (10 mantissa bits, as many as fp16) and fp16 CG operands (MesaLaunch), so
+its twin runs those at fp32 too (MESA_TWIN), and every rounding of the bf16 case shrinks in
+it. MesaNet runs 100 CG steps in fp32 (30 in bf16), enough
 to converge at K = 128.
 
 Skipped without CUDA, and in a session where TRITON_INTERPRET is set (run tests/gpu in a
@@ -45,6 +48,8 @@ SHAPE = {"B": 2, "H": 2, "K": 128, "V": 128}
 CASES = ([(op, gates) for op in GATED for gates in ("strong", "reset")]
          + [(op, None) for op in UNGATED])
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# MesaNet's internal 16-bit roundings at fp32, for its fp16 twin (module doc)
+MESA_TWIN = {"prec": "ieee", "cg_prec": "ieee", "fwd_solve": {"operands": "fp32"}, "bwd_solve": {"operands": "fp32"}}
 
 
 def measure_case(op: str, gates: str | None, T: int, with_state: bool, dtype: torch.dtype,
@@ -74,9 +79,12 @@ def measure_case(op: str, gates: str | None, T: int, with_state: bool, dtype: to
 def run_case(op: str, gates: str | None, T: int, with_state: bool, dtype: torch.dtype, label: str) -> dict:
     """measure_case, asserting every bound; a bf16 worst row over its bound passes only where
     the fp16 twin shows it to be rounding."""
+    from kernels.common.launch import launch_settings
+
     errors, bad = measure_case(op, gates, T, with_state, dtype, label)
     if bad and dtype == torch.bfloat16:
-        twin, _ = measure_case(op, gates, T, with_state, torch.float16, label + " fp16 twin")
+        with launch_settings(**({"mesa": MESA_TWIN} if op == "mesa" else {})):
+            twin, _ = measure_case(op, gates, T, with_state, torch.float16, label + " fp16 twin")
         verdicts = {name: rounding_verdict(row, *twin[name]) if whole < whole_bound else "its whole tensor fails TOL"
                     for name, (whole, row, whole_bound, _) in bad.items()}
         bad = {name: (*bad[name], why) for name, why in verdicts.items() if why is not None}

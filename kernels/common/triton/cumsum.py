@@ -7,6 +7,13 @@ of `chunk_size` tokens; the last chunk may be partial. `scale` multiplies the re
 (LOG2E turns natural-log gates into log2 units for exp2 in the kernels); reverse=True sums
 from the end of each chunk (gamma_i = g_i + ... + g_last).
 
+The sum runs in fp64 and is rounded to fp32 once, so every stored gamma is within half an
+ulp of the chunk's exact sum whatever order the scan adds in. The kernels' decays are
+exp2(gamma_i - gamma_j), and a near pair's decay is close to 1 while gamma_i and gamma_j may
+be hundreds (strong gates): an fp32 scan would add the rounding of every partial sum on its
+tree's path to each, where one rounding of the result is all fp32 storage needs
+(tests/kernels/triton/test_cumsum_triton.py: 2-4 ulps on the interpreter's fp32 scan).
+
 Gates below GATE_FLOOR_LOG2 / scale (gates.py: a decay of 2^-80 in one token) are raised to
 it first, so the sums stay finite for g = -inf (a full reset, which the op contract allows)
 and every difference of two of them, the kernels' exp2(gamma_i - gamma_j), is a number:
@@ -38,12 +45,12 @@ def chunk_local_cumsum_kernel(
     floor = GATE_FLOOR_C / scale  # in g's units: gates at or above it are summed exactly as they are
     if VECTOR:
         b_g = load_tile(g + seq * D, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
-        b_o = tl.cumsum(tl.maximum(b_g, floor), axis=0, reverse=REVERSE) * scale
-        store_tile(out + seq * D, b_o, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+        b_o = tl.cumsum(tl.maximum(b_g, floor).to(tl.float64), axis=0, reverse=REVERSE) * scale
+        store_tile(out + seq * D, b_o.to(tl.float32), i_t * BT, i_d * BD, T, D, H * D, BT, BD)
     else:
         b_g = tl.load(g + seq + o_t * H, mask=o_t < T, other=0.0).to(tl.float32)
-        b_o = tl.cumsum(tl.maximum(b_g, floor), axis=0, reverse=REVERSE) * scale
-        tl.store(out + seq + o_t * H, b_o, mask=o_t < T)
+        b_o = tl.cumsum(tl.maximum(b_g, floor).to(tl.float64), axis=0, reverse=REVERSE) * scale
+        tl.store(out + seq + o_t * H, b_o.to(tl.float32), mask=o_t < T)
 
 
 def chunk_local_cumsum(
