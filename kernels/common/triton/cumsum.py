@@ -13,6 +13,9 @@ exp2(gamma_i - gamma_j), and a near pair's decay is close to 1 while gamma_i and
 be hundreds (strong gates): an fp32 scan would add the rounding of every partial sum on its
 tree's path to each, where one rounding of the result is all fp32 storage needs
 (tests/kernels/triton/test_cumsum_triton.py: 2-4 ulps on the interpreter's fp32 scan).
+The scan costs about a dozen fp64 adds per element: next to the memory traffic on an H100 or
+H200 (fp64 at half fp32's rate), not on GPUs whose fp64 runs at 1/64 (the vector gate's
+[B, T, H, K] sums, there).
 
 Gates below GATE_FLOOR_LOG2 / scale (gates.py: a decay of 2^-80 in one token) are raised to
 it first, so the sums stay finite for g = -inf (a full reset, which the op contract allows)
