@@ -9,9 +9,11 @@
 #   bash benchmarks/h200_kernels.sh            # with carry=[".whl"]
 #
 # SWEEPS: sweep files, space-separated (default configs/kernels-gpu.yaml, every op beside FLA;
-# configs/kernels-launch.yaml times launch-setting variants); SWEEP_S: seconds for each.
+# configs/kernels-launch.yaml times launch-setting variants; "none": no sweep); SWEEP_S:
+# seconds for each.
 # MIXERS: only these mixers of the sweeps (comma-separated; empty: all).
-# TESTS / TESTS_S: GPU test files run first, and their limit (0: none; the default).
+# TESTS / TESTS_S: GPU test files and their limit (0: none; the default); TESTS_K: a pytest -k
+# expression among them; they run before the sweeps, or after them with TESTS_LAST=1.
 # AB_S (0: off): first, for AB_S seconds at most, the before/after timing of the Triton kernels
 # of tree AB_BEFORE (default .abtree, an exported kernels/ with a COMMIT file) against this one's,
 # through the public ops (benchmarks/ab_public_ops.py): both trees' first calls (cold compile) in
@@ -68,14 +70,15 @@ if [ "${AB_S:-0}" -gt 0 ]; then
     grep -E '"(op|T|phase|ratio)"' "$OUT/ab_summary.json" | paste - - - - | head -n 30
     pack
 fi
-if [ "${TESTS_S:-0}" -gt 0 ]; then
+gpu_tests() {
     # The whole output goes into the logs (each case's errors included); the summary lines here.
     # shellcheck disable=SC2086
     timeout -k 20 -s INT "$(limit "$TESTS_S")" python3 -m pytest -q -s -p no:cacheprovider ${TESTS:-tests/gpu} \
-        >"$OUT/logs/gpu_tests.log" 2>&1
-    grep -E "GPU-ERR|passed|failed|PASSED|FAILED|^E  " "$OUT/logs/gpu_tests.log" | tail -n 40
+        ${TESTS_K:+-k "$TESTS_K"} >"$OUT/logs/gpu_tests.log" 2>&1
+    grep -E "GPU-ERR|passed|failed|skipped|PASSED|FAILED|^E  " "$OUT/logs/gpu_tests.log" | tail -n 40
     pack
-fi
+}
+[ "${TESTS_S:-0}" -gt 0 ] && [ "${TESTS_LAST:-0}" = 0 ] && gpu_tests
 if [ "${FLA_WARM_S:-0}" -gt 0 ]; then
     timeout -k 20 -s INT "$(limit "$FLA_WARM_S")" python3 benchmarks/fla_warm_compile.py --op gla_vector \
         --procs "${FLA_WARM_PROCS:-14}" >"$OUT/logs/fla_warm.log" 2>&1
@@ -83,12 +86,14 @@ if [ "${FLA_WARM_S:-0}" -gt 0 ]; then
     pack
 fi
 for sweep in ${SWEEPS:-configs/kernels-gpu.yaml}; do
+    [ "$sweep" = none ] && continue
     log="$OUT/logs/$(basename "$sweep" .yaml).log"
     timeout -k 20 -s INT "$(limit "${SWEEP_S:-500}")" python3 -m harness sweep "$sweep" --results "$OUT/results" \
         --no-wandb ${MIXERS:+--mixer "$MIXERS"} >"$log" 2>&1
     grep -E "✓|✗|error|runs? on" "$log" | tail -n 20
     pack
 done
+[ "${TESTS_S:-0}" -gt 0 ] && [ "${TESTS_LAST:-0}" != 0 ] && gpu_tests
 pack
 rm -rf "$OUT/results" "$OUT/logs"
 ls -la "$OUT"
