@@ -13,8 +13,7 @@ TOL) passes only as rounding: the same case with fp16 inputs must shrink it as r
 (tests/util.py rounding_verdict). MesaNet's 16-bit path also rounds where the input dtype does
 not reach: tf32 dots (10 mantissa bits, as many as fp16) and fp16 CG operands (MesaLaunch), so
 its twin runs those at fp32 too (MESA_TWIN), and every rounding of the bf16 case shrinks in
-it. MesaNet runs 100 CG steps in fp32 (30 in bf16), enough
-to converge at K = 128.
+it. MesaNet runs 100 CG steps in fp32 (30 in bf16), enough to converge at K = 128.
 
 Skipped without CUDA, and in a session where TRITON_INTERPRET is set (run tests/gpu in a
 pytest session of its own). Errors are printed (-s) and, when GPU_ERRORS_JSON names a file,
