@@ -42,6 +42,7 @@ def pytest_sessionfinish(session):
         return
     import json
 
+    from benchmarks.json_record import save_text
+
     rows = util.merge_error_records(util.error_records(), *_WORKER_ERROR_RECORDS)
-    with open(os.environ[util.ERRORS_ENV], "w") as f:
-        json.dump({"records": rows}, f)
+    save_text(json.dumps({"records": rows}), os.environ[util.ERRORS_ENV])
