@@ -264,6 +264,8 @@ class DeltaLaunch:
     state_fwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=2)
     # off until timed on a GPU (the linear-attention analogue wins at B * H >= 64)
     fused_fwd: FusedStateLaunch = FusedStateLaunch(enabled=False, min_heads=64, BV=64, num_warps=4, num_stages=2)
+    # a forward no backward follows (no gradient wanted): the fused pass then stores no states
+    infer_fused: FusedStateLaunch = FusedStateLaunch(enabled=False, min_heads=64, BV=64, num_warps=4, num_stages=2)
     output_fwd: NarrowVLaunch = NarrowVLaunch(BK=128, BV=128, num_warps=4, num_stages=2, narrow_num_warps=2)
     du_local: NarrowVLaunch = NarrowVLaunch(BK=128, BV=128, num_warps=4, num_stages=2, narrow_num_warps=2)
     state_bwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=2)

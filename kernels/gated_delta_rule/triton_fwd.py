@@ -9,7 +9,9 @@
   state_fwd with the output fused (DeltaLaunch.fused_fwd): the state pass also writes O for
               each chunk as it goes, from S_n and U rounded to the stored dtype exactly as
               output_fwd reads them back (same results), saving output_fwd's reads of h, q,
-              k and U at the price of fewer programs: for many sequences of heads.
+              k and U at the price of fewer programs: for many sequences of heads. A forward
+              without a backward (no gradient wanted) stores neither h nor U then: the
+              inference pass reads q, k, W, U0 and writes only O (DeltaLaunch.infer_fused).
 
 Layouts: q, k, w: [B, T, H, K]; u0, u, o: [B, T, H, V]; gamma: [B, T, H] fp32 (chunk-local
 cumulative log2-gate, from wy_fwd); per-chunk states h: [B, H, NT, K, V] in the input dtype;
@@ -33,7 +35,7 @@ def state_fwd_kernel(
     k, w, u0, u, gam, h, h0, ht, q, o, scale, T, NT, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
-    FUSE_OUTPUT: tl.constexpr,
+    FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -45,11 +47,13 @@ def state_fwd_kernel(
         b_s += load_tile(h0 + i_bh.to(tl.int64) * K * V, 0, v0, K, V, V, BK, BV)
     for i_t in range(NT):
         t0 = i_t * BT
-        store_tile(h + (i_bh * NT + i_t).to(tl.int64) * K * V, b_s, 0, v0, K, V, V, BK, BV)
+        if STORE_STATES:
+            store_tile(h + (i_bh * NT + i_t).to(tl.int64) * K * V, b_s, 0, v0, K, V, V, BK, BV)
         b_w = load_tile(w + seq * K, t0, 0, T, K, H * K, BT, BK)
         b_u = load_tile(u0 + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
         b_u -= tl.dot(b_w, b_s.to(dt), input_precision=PREC)
-        store_tile(u + seq * V, b_u, t0, v0, T, V, H * V, BT, BV)
+        if STORE_STATES:
+            store_tile(u + seq * V, b_u, t0, v0, T, V, H * V, BT, BV)
         b_kt = load_tile_t(k + seq * K, t0, 0, T, K, H * K, BT, BK)
         b_g = tl.zeros([BT], dtype=tl.float32)
         if USE_G:
@@ -104,39 +108,45 @@ def output_fwd_kernel(
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
-def fused_output_applies(n_heads: int, gated: bool) -> bool:
+def fused_output_applies(n_heads: int, gated: bool, inference: bool = False) -> bool:
     """Whether the forward runs state_fwd with the output fused for n_heads = B * H, under
-    the launch settings in effect (of gated_delta_rule if gated, else delta_rule)."""
-    cfg = delta_launch(gated).fused_fwd
+    the launch settings in effect (of gated_delta_rule if gated, else delta_rule): those of
+    a forward with a backward to come (fused_fwd) or without (infer_fused)."""
+    launch = delta_launch(gated)
+    cfg = launch.infer_fused if inference else launch.fused_fwd
     return cfg.enabled and n_heads >= cfg.min_heads
 
 
 def state_fwd(
     k: torch.Tensor, w: torch.Tensor, u0: torch.Tensor, gam: torch.Tensor | None,
     h0: torch.Tensor | None, output_final_state: bool,
-    q: torch.Tensor | None = None, scale: float = 1.0, chunk_size: int = CHUNK,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    q: torch.Tensor | None = None, scale: float = 1.0, chunk_size: int = CHUNK, store_states: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Returns (h [B, H, NT, K, V] states entering each chunk, U [B, T, H, V], final state
     [B, H, K, V] fp32 or None, O [B, T, H, V] or None). h0: [B, H, K, V] fp32 contiguous or
     None. With q ([B, T, H, K]) the output O = output_fwd(q, k, U, h, gam, scale) is
-    computed in the same pass."""
+    computed in the same pass, and store_states=False (only with q: a forward no backward
+    follows) leaves h and U unwritten (returned as None)."""
+    if not store_states and q is None:
+        raise ValueError("state_fwd: store_states=False needs q (the output fused): output_fwd reads h and U")
     B, T, H, K = k.shape
     V = u0.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     dev, dt = k.device, k.dtype
-    h = new_buffer((B, H, NT, K, V), dt, dev)
-    u = new_buffer((B, T, H, V), dt, dev)
+    h = new_buffer((B, H, NT, K, V), dt, dev) if store_states else None
+    u = new_buffer((B, T, H, V), dt, dev) if store_states else None
     ht = new_buffer((B, H, K, V), torch.float32, dev) if output_final_state else None
     o = new_buffer((B, T, H, V), dt, dev) if q is not None else None
     launch = delta_launch(gam is not None)
-    cfg = launch.fused_fwd if q is not None else launch.state_fwd
+    cfg = launch.state_fwd if q is None else (launch.fused_fwd if store_states else launch.infer_fused)
     BV = sequential_block_v(V, cfg.BV, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
-        k, w, u0, u, gam if gam is not None else k, h, h0 if h0 is not None else k,
-        ht if ht is not None else k, q if q is not None else k, o if o is not None else u, scale, T, NT,
+        k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
+        h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,
+        o if o is not None else u, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        num_warps=warps(cfg.num_warps), num_stages=cfg.stages_for(full_block(K), k.element_size()),
+        STORE_STATES=store_states, num_warps=warps(cfg.num_warps), num_stages=cfg.stages_for(full_block(K), k.element_size()),
     )
     return h, u, ht, o
 

@@ -4,6 +4,8 @@
                             output_final_state=False, chunk_size=64) -> (o, final_state)
 
 Forward: wy_fwd (triton_wy.py) -> state_fwd -> output_fwd (triton_fwd.py).
+Forward with no gradient wanted (delta_rule_infer): the same kernels storing nothing for a
+backward (no Tm; with DeltaLaunch.infer_fused, one state pass writing only O, no h or U).
 Backward: du_local -> state_bwd (triton_bwd.py) -> dqkw (triton_bwd_grad.py) -> wy_bwd
 (triton_wy_bwd.py), reusing the forward's Tm, W, U and per-chunk states.
 
@@ -181,6 +183,39 @@ def _delta_rule_backward(ctx, do, dht, *residual_grads):
 delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
 
 
+@torch.library.custom_op(op_name("delta_rule_infer"), mutates_args=())
+def delta_rule_infer(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
+    scale: float, output_final_state: bool, addend: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The forward of delta_rule_fwd (same arguments) where no backward follows: it keeps
+    nothing for one (no Tm; under DeltaLaunch.infer_fused no per-chunk states or U either).
+    Returns (o [B, T, H, V], the final state [B, H, K, V] fp32 or a placeholder unless
+    output_final_state)."""
+    note_launch(delta_op(g is not None))
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    gam, _, w, u0 = wy_fwd(k, v, beta, g, store_tm=False)
+    if addend is None and fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True):
+        _, _, ht, o = state_fwd(k, w, u0, gam, h0, output_final_state, q, scale, store_states=False)
+    else:
+        h, u, ht, _ = state_fwd(k, w, u0, gam, h0, output_final_state)
+        del u0
+        o = output_fwd(q, k, u, h, gam, scale, addend=addend)
+    return o, or_placeholder(ht, q.device)
+
+
+@delta_rule_infer.register_fake
+def _delta_rule_infer_fake(q, k, v, g, beta, initial_state, scale, output_final_state, addend=None):
+    B, _, H, K = q.shape
+    ht = q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32) if output_final_state else placeholder(q.device)
+    return q.new_empty(q.shape[:-1] + (v.shape[-1],)), ht
+
+
+def _wants_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd would record an op on these tensors."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def delta_rule_apply(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
     scale: float, output_final_state: bool, addend: Tensor | None = None,
@@ -188,7 +223,11 @@ def delta_rule_apply(
     """The differentiable Triton gated delta rule (g None: the delta rule) on prepared inputs
     (as delta_rule_fwd takes them), plus `addend` ([B, T, H, V] or None) added in fp32 before o
     is rounded. Returns (o [B, T, H, V], final state [B, H, K, V] fp32 or None); gradients flow
-    to q, k, v, g, beta, initial_state and addend."""
+    to q, k, v, g, beta, initial_state and addend. Where none of them wants a gradient, the
+    forward stores nothing for a backward (delta_rule_infer)."""
+    if not _wants_grad(q, k, v, g, beta, initial_state, addend):
+        o, ht = delta_rule_infer(q, k, v, g, beta, initial_state, float(scale), bool(output_final_state), addend)
+        return o, present(ht, output_final_state)
     o, ht, *_ = delta_rule_fwd(q, k, v, g, beta, initial_state, float(scale), bool(output_final_state), addend)
     return o, present(ht, output_final_state)
 

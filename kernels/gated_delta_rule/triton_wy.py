@@ -67,7 +67,7 @@ def _kkt_block(b_kk, b_bi, b_gi, b_gj, DIAG: tl.constexpr, USE_G: tl.constexpr):
 def wy_fwd_kernel(
     k, v, beta, g, gam, tm, w, u0, T, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
+    USE_G: tl.constexpr, PREC: tl.constexpr, SOLVE_PREC: tl.constexpr, STORE_TM: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -141,25 +141,27 @@ def wy_fwd_kernel(
     t00, t10, t11, t20, t21, t22, t30, t31, t32, t33 = unit_lower_inverse_64(
         a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, SOLVE_PREC)
 
-    # Tm, zero blocks above the diagonal included (the backward reads whole BT x BT tiles)
-    p_tm = tm + seq * BT
-    zero = tl.zeros([16, 16], dtype=tl.float32)
-    store_tile(p_tm, t00, t0, 0, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, zero, t0, 16, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, zero, t0, 32, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, zero, t0, 48, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, t10, t0 + 16, 0, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, t11, t0 + 16, 16, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, zero, t0 + 16, 32, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, zero, t0 + 16, 48, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, t20, t0 + 32, 0, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, t21, t0 + 32, 16, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, t22, t0 + 32, 32, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, zero, t0 + 32, 48, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, t30, t0 + 48, 0, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, t31, t0 + 48, 16, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, t32, t0 + 48, 32, T, BT, H * BT, 16, 16)
-    store_tile(p_tm, t33, t0 + 48, 48, T, BT, H * BT, 16, 16)
+    # Tm, zero blocks above the diagonal included (the backward reads whole BT x BT tiles);
+    # a forward without a backward stores none
+    if STORE_TM:
+        p_tm = tm + seq * BT
+        zero = tl.zeros([16, 16], dtype=tl.float32)
+        store_tile(p_tm, t00, t0, 0, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, zero, t0, 16, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, zero, t0, 32, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, zero, t0, 48, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, t10, t0 + 16, 0, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, t11, t0 + 16, 16, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, zero, t0 + 16, 32, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, zero, t0 + 16, 48, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, t20, t0 + 32, 0, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, t21, t0 + 32, 16, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, t22, t0 + 32, 32, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, zero, t0 + 32, 48, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, t30, t0 + 48, 0, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, t31, t0 + 48, 16, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, t32, t0 + 48, 32, T, BT, H * BT, 16, 16)
+        store_tile(p_tm, t33, t0 + 48, 48, T, BT, H * BT, 16, 16)
 
     # W = Tm diag(beta e^gamma) K and U0 = Tm diag(beta) V, 16 rows at a time
     dt = k.dtype.element_ty
@@ -202,26 +204,26 @@ def _tri_apply(out, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32,
 
 
 def wy_fwd(
-    k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None, store_tm: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """k: [B, T, H, K], v: [B, T, H, V], beta, g: [B, T, H] (g None: ungated), contiguous.
 
-    Returns (gamma [B, T, H] fp32 cumulative log2-gates or None, Tm [B, T, H, 64],
-    W [B, T, H, K], U0 [B, T, H, V]), Tm, W, U0 in k's dtype; row t of Tm holds row
-    (t mod 64) of its chunk's inverse."""
+    Returns (gamma [B, T, H] fp32 cumulative log2-gates or None, Tm [B, T, H, 64] or None
+    unless store_tm, W [B, T, H, K], U0 [B, T, H, V]), Tm, W, U0 in k's dtype; row t of Tm
+    holds row (t mod 64) of its chunk's inverse (only the backward reads it)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     dev, dt = k.device, k.dtype
     gam = new_buffer((B, T, H), torch.float32, dev) if g is not None else None
-    tm = new_buffer((B, T, H, CHUNK), dt, dev)
+    tm = new_buffer((B, T, H, CHUNK), dt, dev) if store_tm else None
     w = new_buffer((B, T, H, K), dt, dev)
     u0 = new_buffer((B, T, H, V), dt, dev)
     cfg = delta_launch(g is not None).wy_fwd
     grid = (triton.cdiv(T, CHUNK), B * H)
     wy_fwd_kernel[grid](
-        k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm, w, u0, T,
+        k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm if store_tm else w, w, u0, T,
         H=H, K=K, V=V, BT=CHUNK, BK=block_size(K, cfg.BK), BV=block_size(V, cfg.BV),
         USE_G=g is not None, PREC=dot_precision(dt, cfg.fp32_dots), SOLVE_PREC=solve_precision(dt, cfg.tf32_solve, cfg.fp32_dots),
-        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        STORE_TM=store_tm, num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return gam, tm, w, u0
