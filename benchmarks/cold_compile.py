@@ -38,7 +38,7 @@ MIXERS = {
 def child(op: str, variant: str | None, head_dim: int) -> dict:
     """One op's forward and backward in this (fresh) process; the seconds of each launch."""
     sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.append(str(ROOT / "tests"))  # after ROOT: tests/benchmarks must not shadow benchmarks/
     import torch
     from compile_sm90 import CompileOnly, training_step
     from triton.runtime.jit import JITFunction

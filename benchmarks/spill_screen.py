@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.append(str(ROOT / "tests"))  # after ROOT: tests/benchmarks must not shadow benchmarks/
 
 # kernel -> {field: values} of the delta rules' launch settings (DeltaLaunch)
 DELTA_GRID = {

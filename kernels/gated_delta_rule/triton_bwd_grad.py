@@ -21,10 +21,12 @@ sum_{j < l} k_j . dk_j(state), which wy_bwd adds after its reverse cumsum.
 (dP ⊙ Gamma)^T is computed as (U dO^T ⊙ Gamma^T), from loaded tiles, rather than by
 transposing a product (kernels/common/triton/solve.py says why).
 
-grid (K-blocks, chunks, heads); each program loops twice over the V-blocks (dP first, then
-the state products), so only three [BT, BK] accumulators are live at once. Outputs: dq (final,
+grid (K-blocks, chunks, heads); each program loops twice over the V-blocks, once for dP and
+once for the state products (first when gated, so that the gate's row factors scale their sums
+once), so at most four [BT, BK] or [BT, BT] accumulators are live at once. Outputs: dq (final,
 q's dtype), dk_part (fp32, completed by wy_bwd), dW (input dtype), dgam_part
-[NK, B, T, H] fp32 (one partial per K-block, summed by wy_bwd).
+[NK, B, T, H] fp32 (one partial per K-block, summed by wy_bwd), written only where the gate
+wants a gradient (NEED_DG; the linearized softmax GDN's gates come from positions).
 """
 
 from __future__ import annotations
@@ -39,25 +41,12 @@ from kernels.common.triton.utils import block_size, dot_precision, new_buffer, w
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
-@triton.jit(do_not_specialize=["T", "NT", "BTH"])
-def dqkw_kernel(
-    q, k, u, h, dh, do, du, gam, dq, dk, dw, dgam, scale, T, NT, BTH, H,
-    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, PREC: tl.constexpr,
-):
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    seq = (i_b * T * H + i_h).to(tl.int64)
-    t0, k0 = i_t * BT, i_k * BK
-    dt = k.dtype.element_ty
-    p_h = h + (i_bh * NT + i_t).to(tl.int64) * K * V
-    p_dh = dh + (i_bh * NT + i_t).to(tl.int64) * K * V
-    b_g = tl.zeros([BT], dtype=tl.float32)
-    if USE_G:
-        last = tl.minimum(t0 + BT, T) - 1
-        b_glast = tl.load(gam + seq + last * H)
-        b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
-    # pass 1 over V: dP = dO U^T and its transpose, each from loaded tiles
+@triton.jit
+def _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale,
+                 V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr):
+    """The intra-chunk parts of dq' and dk from dP = dO U^T and its transpose (each from
+    loaded tiles, one loop over V): (dq' part, dk part, dP ⊙ Gamma)."""
+    dt = b_k.dtype
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)
     b_dpt = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
@@ -68,16 +57,41 @@ def dqkw_kernel(
         b_ut = load_tile_t(u + seq * V, t0, v0, T, V, H * V, BT, BV)
         b_dp += tl.dot(b_do, b_ut, input_precision=PREC)
         b_dpt += tl.dot(b_u, b_dot, input_precision=PREC)
+    b_dpg = causal_decay(b_dp, b_g, b_g, True, USE_G)
+    b_dq = tl.dot(b_dpg.to(dt), b_k, input_precision=PREC)
+    b_dk = tl.dot(anticausal_decay(b_dpt, b_g, b_g, True, USE_G).to(dt), b_q, input_precision=PREC) * scale
+    return b_dq, b_dk, b_dpg
+
+
+@triton.jit(do_not_specialize=["T", "NT", "BTH"])
+def dqkw_kernel(
+    q, k, u, h, dh, do, du, gam, dq, dk, dw, dgam, scale, T, NT, BTH, H,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr,
+):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = (i_b * T * H + i_h).to(tl.int64)
+    t0, k0 = i_t * BT, i_k * BK
+    p_h = h + (i_bh * NT + i_t).to(tl.int64) * K * V
+    p_dh = dh + (i_bh * NT + i_t).to(tl.int64) * K * V
+    b_g = tl.zeros([BT], dtype=tl.float32)
+    if USE_G:
+        last = tl.minimum(t0 + BT, T) - 1
+        b_glast = tl.load(gam + seq + last * H)
+        b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
     b_q = load_tile(q + seq * K, t0, k0, T, K, H * K, BT, BK)
     b_k = load_tile(k + seq * K, t0, k0, T, K, H * K, BT, BK)
-    # intra-chunk parts; b_dq is the gradient with respect to q' = scale q
-    b_dq = tl.dot(causal_decay(b_dp, b_g, b_g, True, USE_G).to(dt), b_k, input_precision=PREC)
-    b_dk = tl.dot(anticausal_decay(b_dpt, b_g, b_g, True, USE_G).to(dt), b_q, input_precision=PREC) * scale
-    # pass 2 over V: the state parts, gate factors folded into the rows of dO and U
+    # Ungated, the intra-chunk parts come first and the state products add to them. Gated,
+    # the state products come first: the gate's row factors then scale their sums over V once,
+    # after their loop, rather than the rows of every dO and U tile before it.
+    if USE_G:
+        b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    else:
+        b_dq, b_dk, b_dpg = _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale, V, BT, BV, USE_G, PREC)
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
-    b_kdks = tl.zeros([BT], dtype=tl.float32)
-    b_qdqs = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         v0 = i_v * BV
         b_do = load_tile(do + seq * V, t0, v0, T, V, H * V, BT, BV)
@@ -85,40 +99,48 @@ def dqkw_kernel(
         b_du = load_tile(du + seq * V, t0, v0, T, V, H * V, BT, BV)
         b_ht = load_tile_t(p_h, k0, v0, K, V, V, BK, BV)
         b_dht = load_tile_t(p_dh, k0, v0, K, V, V, BK, BV)
-        if USE_G:
-            b_do = (b_do * tl.exp2(b_g)[:, None]).to(dt)
-            b_u = (b_u * tl.exp2(b_glast - b_g)[:, None]).to(dt)
-        b_dqs = tl.dot(b_do, b_ht, input_precision=PREC)
-        b_dq += b_dqs
-        b_dks = tl.dot(b_u, b_dht, input_precision=PREC)
-        b_dk += b_dks
+        b_dq += tl.dot(b_do, b_ht, input_precision=PREC)
+        b_dk += tl.dot(b_u, b_dht, input_precision=PREC)
         b_dw += tl.dot(b_du, b_ht, input_precision=PREC)
-        if USE_G:
-            b_qdqs += tl.sum(b_q.to(tl.float32) * b_dqs, axis=1)
-            b_kdks += tl.sum(b_k.to(tl.float32) * b_dks, axis=1)
+        if NEED_DG:
             b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+    store_tile(dw + seq * K, -b_dw, t0, k0, T, K, H * K, BT, BK)
     if USE_G:
-        # d gamma_i = q'_i . dq'_i - k_i . dk_i plus the terms of gamma_C, summed without what
-        # cancels (module docstring): the intra-chunk products below the diagonal, the state
-        # part of q'.dq', and, as its own share of dg, the k.dk state terms of earlier rows
-        b_pp = causal_decay(b_dp, b_g, b_g, True, USE_G) * tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale
-        b_dgam = b_qdqs * scale + pair_gate_grad(b_pp)
-        b_before = tl.exp2(b_glast) * tl.sum(b_hdh, axis=0) + sum_before(b_kdks)
-        store_vec(dgam + i_k.to(tl.int64) * BTH + seq, b_dgam, t0, T, H, BT)
-        store_vec(dgam + (tl.num_programs(0) + i_k).to(tl.int64) * BTH + seq, b_before, t0, T, H, BT)
+        b_dq *= tl.exp2(b_g)[:, None]
+        b_dk *= tl.exp2(b_glast - b_g)[:, None]
+        b_qdqs = tl.zeros([BT], dtype=tl.float32)
+        b_kdks = tl.zeros([BT], dtype=tl.float32)
+        if NEED_DG:  # the state parts' shares of d gamma, before the intra-chunk parts join them
+            b_qdqs = tl.sum(b_q.to(tl.float32) * b_dq, axis=1)
+            b_kdks = tl.sum(b_k.to(tl.float32) * b_dk, axis=1)
+        b_dq_intra, b_dk_intra, b_dpg = _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale, V, BT, BV,
+                                                     USE_G, PREC)
+        b_dq += b_dq_intra
+        b_dk += b_dk_intra
+        if NEED_DG:
+            # d gamma_i = q'_i . dq'_i - k_i . dk_i plus the terms of gamma_C, summed without
+            # what cancels (module docstring): the intra-chunk products below the diagonal,
+            # the state part of q'.dq', and, as its own share of dg, the k.dk state terms of
+            # earlier rows
+            b_pp = b_dpg * tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale
+            b_dgam = b_qdqs * scale + pair_gate_grad(b_pp)
+            b_before = tl.exp2(b_glast) * tl.sum(b_hdh, axis=0) + sum_before(b_kdks)
+            store_vec(dgam + i_k.to(tl.int64) * BTH + seq, b_dgam, t0, T, H, BT)
+            store_vec(dgam + (tl.num_programs(0) + i_k).to(tl.int64) * BTH + seq, b_before, t0, T, H, BT)
+    # b_dq is the gradient with respect to q' = scale q
     store_tile(dq + seq * K, b_dq * scale, t0, k0, T, K, H * K, BT, BK)
     store_tile(dk + seq * K, b_dk, t0, k0, T, K, H * K, BT, BK)
-    store_tile(dw + seq * K, -b_dw, t0, k0, T, K, H * K, BT, BK)
 
 
 def dqkw(
     q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, h: torch.Tensor, dh: torch.Tensor,
     do: torch.Tensor, du: torch.Tensor, gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK,
+    need_dg: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """q, k: [B, T, H, K]; u, do, du: [B, T, H, V]; h, dh: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None.
     Returns (dq [B, T, H, K] q.dtype, dk_part fp32, dW k.dtype, dgam_part [2 NK, B, T, H]
-    fp32 or None: per K-block the d gamma of each token, then the share of dg that earlier
-    rows of the chunk give)."""
+    fp32, or None without a gate or with need_dg False: per K-block the d gamma of each
+    token, then the share of dg that earlier rows of the chunk give)."""
     B, T, H, K = q.shape
     V = u.shape[-1]
     BT = chunk_size
@@ -131,11 +153,12 @@ def dqkw(
     dk = new_buffer((B, T, H, K), torch.float32, dev)
     dw = new_buffer((B, T, H, K), k.dtype, dev)
     # rows [0, NK): each K-block's d gamma per token; [NK, 2 NK): its share of dg from earlier rows
-    dgam = new_buffer((2 * NK, B, T, H), torch.float32, dev) if gam is not None else None
+    need_dg = need_dg and gam is not None
+    dgam = new_buffer((2 * NK, B, T, H), torch.float32, dev) if need_dg else None
     dqkw_kernel[(NK, NT, B * H)](
         q, k, u, h, dh, do, du, gam if gam is not None else q, dq, dk, dw,
         dgam if dgam is not None else q, scale, T, NT, B * T * H,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg.BV), USE_G=gam is not None,
-        PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        NEED_DG=need_dg, PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dq, dk, dw, dgam

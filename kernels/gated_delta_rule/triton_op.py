@@ -74,6 +74,7 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         ctx.opts = opts
         ctx.g_dtype = g.dtype if g is not None else None
         ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
+        ctx.need_dg = g is not None
         return o, ht
 
     @staticmethod
@@ -89,9 +90,9 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         dht = dht.float().contiguous() if dht is not None else None
         du = du_local(q, k, do, gam, opts.scale)
         dh, dh0 = state_bwd(q, k, w, do, du, gam, dht, opts.scale, ctx.h0_dtype is not None)
-        dq, dk_part, dw, dgam_part = dqkw(q, k, u, h, dh, do, du, gam, opts.scale)
+        dq, dk_part, dw, dgam_part = dqkw(q, k, u, h, dh, do, du, gam, opts.scale, need_dg=ctx.need_dg)
         del dh
-        dk, dv, dbeta, dg = wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, ctx.g_dtype)
+        dk, dv, dbeta, dg = wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, ctx.g_dtype, ctx.need_dg)
         if dh0 is not None:
             dh0 = dh0.to(ctx.h0_dtype)
         d_addend = do.to(ctx.addend_dtype) if ctx.addend_dtype is not None else None
@@ -132,14 +133,15 @@ def _delta_rule_fwd_fake(q, k, v, g, beta, initial_state, scale, output_final_st
 def delta_rule_bwd(
     do: Tensor, dht: Tensor | None, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, gam: Tensor | None,
     tm: Tensor, w: Tensor, u: Tensor, h: Tensor, scale: float, g_dtype: torch.dtype | None,
-    h0_dtype: torch.dtype | None, launch: str,
+    h0_dtype: torch.dtype | None, launch: str, need_dg: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """ChunkDeltaRuleFunction's backward as a custom op: the gradients (dq, dk, dv, dg,
     dbeta, dh0) of delta_rule_fwd's inputs, shaped as those inputs; dg (in g_dtype) is a
-    placeholder without a gate and dh0 (in h0_dtype) without an initial state. launch: the
-    forward's launch settings (kernels/common/launch.encode)."""
+    placeholder without a gate or where the gate wants no gradient (need_dg False: its
+    kernels then skip it), dh0 (in h0_dtype) without an initial state. launch: the forward's
+    launch settings (kernels/common/launch.encode)."""
     ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h), opts=DeltaOptions(scale, dht is not None),
-                          g_dtype=g_dtype, h0_dtype=h0_dtype, addend_dtype=None,
+                          g_dtype=g_dtype, h0_dtype=h0_dtype, addend_dtype=None, need_dg=need_dg and g_dtype is not None,
                           launch=decode(delta_op(g_dtype is not None), launch))
     # the addend's gradient, do itself, is _delta_rule_backward's
     dq, dk, dv, dg, dbeta, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
@@ -147,9 +149,9 @@ def delta_rule_bwd(
 
 
 @delta_rule_bwd.register_fake
-def _delta_rule_bwd_fake(do, dht, q, k, v, beta, gam, tm, w, u, h, scale, g_dtype, h0_dtype, launch):
+def _delta_rule_bwd_fake(do, dht, q, k, v, beta, gam, tm, w, u, h, scale, g_dtype, h0_dtype, launch, need_dg=True):
     B, T, H, K = q.shape
-    dg = q.new_empty(B, T, H, dtype=g_dtype) if g_dtype is not None else placeholder(q.device)
+    dg = q.new_empty(B, T, H, dtype=g_dtype) if g_dtype is not None and need_dg else placeholder(q.device)
     dh0 = q.new_empty(B, H, K, v.shape[-1], dtype=h0_dtype) if h0_dtype is not None else placeholder(q.device)
     return fake_like(q, q.device), fake_like(k, q.device), fake_like(v, q.device), dg, fake_like(beta, q.device), dh0
 
@@ -170,14 +172,16 @@ def _delta_rule_setup(ctx, inputs, output):
 def _delta_rule_backward(ctx, do, dht, *residual_grads):
     q, k, v, beta, gam, tm, w, u, h = ctx.saved_tensors
     has_g, has_h0 = ctx.g_dtype is not None, ctx.h0_dtype is not None
+    need_dg = has_g and ctx.needs_input_grad[3]
     do = do if do is not None else torch.zeros_like(v)
     dht = dht if ctx.output_final_state else None
     dq, dk, dv, dg, dbeta, dh0 = delta_rule_bwd(
         do, dht, q, k, v, beta, present(gam, has_g), tm, w, u, h, ctx.scale, ctx.g_dtype, ctx.h0_dtype, ctx.launch,
+        need_dg,
     )
     # o = the delta rule's output + addend: the addend's gradient is o's.
     d_addend = do.to(ctx.addend_dtype) if ctx.addend_dtype is not None else None
-    return dq, dk, dv, present(dg, has_g), dbeta, present(dh0, has_h0), None, None, d_addend
+    return dq, dk, dv, present(dg, need_dg), dbeta, present(dh0, has_h0), None, None, d_addend
 
 
 delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)

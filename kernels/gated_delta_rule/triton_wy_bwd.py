@@ -32,7 +32,7 @@ from kernels.gated_delta_rule.triton_wy import delta_launch
 def wy_bwd_kernel(
     k, v, beta, gam, tm, dw, du, dk_part, dgam_part, dk, dv, dbeta, dg, T, BTH, NK, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -72,7 +72,7 @@ def wy_bwd_kernel(
     b_gkk = causal_decay(b_kk, b_g, b_g, False, USE_G)  # Gamma ⊙ K K^T, strictly lower
     b_db += tl.sum(b_da * b_gkk, axis=1)
     b_dgam = tl.zeros([BT], dtype=tl.float32)
-    if USE_G:
+    if NEED_DG:
         b_daa = b_da * b_gkk * b_b[:, None]  # dA ⊙ A
         b_dgam = tl.sum(b_daa, axis=1) - tl.sum(b_daa, axis=0)
     b_dm = causal_decay(b_da * b_b[:, None], b_g, b_g, False, USE_G).to(dt)
@@ -105,7 +105,7 @@ def wy_bwd_kernel(
         b_db += b_kdkb * b_eg
         b_dgam += b_kdkb * b_f
     store_vec(dbeta + seq, b_db, t0, T, H, BT)
-    if USE_G:
+    if NEED_DG:
         b_before = tl.zeros([BT], dtype=tl.float32)
         for i_p in range(NK):
             b_dgam += load_vec(dgam_part + i_p * BTH + seq, t0, T, H, BT)
@@ -119,14 +119,14 @@ def wy_bwd_kernel(
 def wy_bwd(
     k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, gam: torch.Tensor | None,
     tm: torch.Tensor, dw: torch.Tensor, du: torch.Tensor, dk_part: torch.Tensor,
-    dgam_part: torch.Tensor | None, g_dtype: torch.dtype | None,
+    dgam_part: torch.Tensor | None, g_dtype: torch.dtype | None, need_dg: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H]; gam: [B, T, H] fp32 log2 units or
     None; tm: [B, T, H, BT] (wy_fwd's, BT the chunk length); dw, dk_part: [B, T, H, K]; du:
     [B, T, H, V]; dgam_part: [2 NK, B, T, H] fp32 or None (dqkw's per-token d gamma, then its
     earlier-rows share of dg).
     Returns (dk [B, T, H, K] k.dtype, dv [B, T, H, V] v.dtype, dbeta [B, T, H] beta.dtype,
-    dg [B, T, H] in g_dtype or None)."""
+    dg [B, T, H] in g_dtype, or None without a gate or with need_dg False)."""
     B, T, H, K = k.shape
     BT = tm.shape[-1]
     V = v.shape[-1]
@@ -136,12 +136,16 @@ def wy_bwd(
     dk = new_buffer((B, T, H, K), k.dtype, dev)
     dv = new_buffer((B, T, H, V), v.dtype, dev)
     dbeta = new_buffer((B, T, H), beta.dtype, dev)
-    dg = new_buffer((B, T, H), g_dtype, dev) if gam is not None else None
+    need_dg = need_dg and gam is not None
+    if need_dg and dgam_part is None:
+        raise ValueError("wy_bwd: need_dg with a gate needs dqkw's dgam_part")
+    dg = new_buffer((B, T, H), g_dtype, dev) if need_dg else None
     wy_bwd_kernel[(triton.cdiv(T, BT), B * H)](
         k, v, beta, gam if gam is not None else k, tm, dw, du, dk_part,
         dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k,
         T, B * T * H, dgam_part.shape[0] // 2 if dgam_part is not None else 0,
         H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        PREC=dot_precision(k.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
+        NEED_DG=need_dg, PREC=dot_precision(k.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
+        num_stages=cfg.num_stages,
     )
     return dk, dv, dbeta, dg

@@ -172,3 +172,21 @@ def test_backward_stages(launch, B, T, H, K, V, tiles):
                           K**-0.5)
     bad = {name: err for name, err in errors.items() if not err < TOL[torch.float32]}
     assert not bad, f"kernel outputs over {TOL[torch.float32]:g}: {bad} (all: {errors})"
+
+
+def test_gate_without_gradient_skips_dg_only():
+    """A gate that wants no gradient (the linearized softmax GDN's, from positions): the
+    kernels skip dg, and every other gradient is bit for bit the one with dg computed."""
+    tensors, h0 = make_inputs(1, 100, 2, 32, 16, torch.float32, seed=16)
+    do = torch.randn(1, 100, 2, 16, generator=torch.Generator().manual_seed(17))
+    grads = {}
+    for g_grad in (True, False):
+        leaves = {n: t.clone().requires_grad_(n != "g" or g_grad) for n, t in {**tensors, "h0": h0}.items()}
+        h0_leaf = leaves.pop("h0")
+        o, _ = gated_delta_rule(**leaves, initial_state=h0_leaf, backend="triton")
+        wrt = [t for t in (*leaves.values(), h0_leaf) if t.requires_grad]
+        grads[g_grad] = dict(zip([n for n, t in {**leaves, "h0": h0_leaf}.items() if t.requires_grad],
+                                 torch.autograd.grad(o, wrt, do)))
+    assert "g" in grads[True] and "g" not in grads[False]
+    for name, grad in grads[False].items():
+        assert torch.equal(grad, grads[True][name]), name
