@@ -5,7 +5,9 @@
                   store S_n;  U = U0 - W S_n (stored);  S_{n+1} = 2^{gamma_C} S_n + Kd^T U
               with Kd = K ⊙ 2^{gamma_C - gamma}.
   output_fwd  grid (V-blocks, chunks, heads), in parallel:
-                  O = diag(2^gamma) Q S_n + (Q K^T ⊙ Gamma) U,  Gamma lower, diagonal included.
+                  O = diag(2^gamma) Q S_n + (Q K^T ⊙ Gamma) U,  Gamma lower, diagonal included,
+              plus, for the linearized softmax GDN, the running mean of its v (RunningMean),
+              formed from v and the sums entering each chunk rather than read whole in fp32.
   state_fwd with the output fused (DeltaLaunch.fused_fwd): the state pass also writes O for
               each chunk as it goes, from S_n and U rounded to the stored dtype exactly as
               output_fwd reads them back (same results), saving output_fwd's reads of h, q,
@@ -20,6 +22,8 @@ h0, ht: [B, H, K, V] fp32. q carries no scale: the kernels multiply by `scale`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -28,6 +32,18 @@ from kernels.common.triton.gates import causal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
+
+
+@dataclass(frozen=True)
+class RunningMean:
+    """A running mean the output adds: at 0-based token i of a sequence,
+    (enter[n] + x_{64 n} + ... + x_i) / (count + i + 1), n = i // 64. x: [B, T, H, V]
+    contiguous; enter: [B, H, cdiv(T, 64), V] fp32, the sums entering each chunk (the
+    linearized softmax GDN's v and v_sum0 + the earlier tokens' v); count: tokens before T."""
+
+    x: torch.Tensor
+    enter: torch.Tensor
+    count: int
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -77,11 +93,11 @@ def state_fwd_kernel(
         store_tile(ht + i_bh.to(tl.int64) * K * V, b_s, 0, v0, K, V, V, BK, BV)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
+@triton.jit(do_not_specialize=["T", "NT", "count"])
 def output_fwd_kernel(
-    q, k, u, h, gam, add, o, scale, T, NT, H,
+    q, k, u, h, gam, mv, menter, o, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, HAS_ADD: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, PREC: tl.constexpr,
 ):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -103,8 +119,12 @@ def output_fwd_kernel(
     b_a = causal_decay(b_a * scale, b_g, b_g, True, USE_G)
     b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
-    if HAS_ADD:  # a term of the caller's added before the one rounding to o's dtype
-        b_o += load_tile(add + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
+    if HAS_MEAN:  # the running mean of mv, added before the one rounding to o's dtype
+        b_mv = load_tile(mv + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
+        o_v = v0 + tl.arange(0, BV)
+        b_enter = tl.load(menter + (i_bh * NT + i_t).to(tl.int64) * V + o_v, mask=o_v < V, other=0.0)
+        b_inv_t = 1.0 / (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
+        b_o += (tl.cumsum(b_mv, axis=0) + b_enter[None, :]) * b_inv_t[:, None]
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
@@ -153,22 +173,25 @@ def state_fwd(
 
 def output_fwd(
     q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, h: torch.Tensor,
-    gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK, addend: torch.Tensor | None = None,
+    gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK, mean: RunningMean | None = None,
 ) -> torch.Tensor:
-    """O = diag(2^gamma) (scale Q) S_n + (scale Q K^T ⊙ Gamma) U per chunk (+ addend): [B, T, H, V].
-    q, k: [B, T, H, K]; u: [B, T, H, V]; h: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None;
-    addend: [B, T, H, V] contiguous (any float dtype) or None, added in fp32 before O is
-    rounded to q's dtype."""
+    """O = diag(2^gamma) (scale Q) S_n + (scale Q K^T ⊙ Gamma) U per chunk (+ the running
+    mean of `mean`, in fp32 before O is rounded to q's dtype): [B, T, H, V].
+    q, k: [B, T, H, K]; u: [B, T, H, V]; h: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None."""
     B, T, H, K = q.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     o = new_buffer((B, T, H, V), q.dtype, q.device)
     cfg = delta_launch(gam is not None).output_fwd
     BV = block_size(V, cfg.BV)
+    if mean is not None and mean.enter.shape[2] != NT:
+        raise ValueError(f"output_fwd: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
+                         f"the output {NT} of {chunk_size} tokens")
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
-        q, k, u, h, gam if gam is not None else q, addend if addend is not None else q, o, scale, T, NT,
-        H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        HAS_ADD=addend is not None, PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
+        q, k, u, h, gam if gam is not None else q, mean.x if mean is not None else q,
+        mean.enter if mean is not None else q, o, scale, T, NT, H, mean.count if mean is not None else 0,
+        K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
+        HAS_MEAN=mean is not None, PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
         num_stages=cfg.num_stages,
     )
     return o

@@ -4,8 +4,9 @@
                             output_final_state=False, chunk_size=64) -> (o, final_state)
 
 Forward: wy_fwd (triton_wy.py) -> state_fwd -> output_fwd (triton_fwd.py).
-Forward with no gradient wanted (delta_rule_infer): the same kernels storing nothing for a
-backward (no Tm; with DeltaLaunch.infer_fused, one state pass writing only O, no h or U).
+Forward with no gradient wanted (delta_rule_forward_only, as the custom op delta_rule_infer):
+the same kernels storing nothing for a backward (no Tm; with DeltaLaunch.infer_fused, one state
+pass writing only O, no h or U).
 Backward: du_local -> state_bwd (triton_bwd.py) -> dqkw (triton_bwd_grad.py) -> wy_bwd
 (triton_wy_bwd.py), reusing the forward's Tm, W, U and per-chunk states.
 
@@ -38,7 +39,7 @@ from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_pla
 from kernels.common.launch import decode, encode, launch_settings, note_launch
 from kernels.gated_delta_rule.triton_bwd import du_local, state_bwd
 from kernels.gated_delta_rule.triton_bwd_grad import dqkw
-from kernels.gated_delta_rule.triton_fwd import fused_output_applies, output_fwd, state_fwd
+from kernels.gated_delta_rule.triton_fwd import RunningMean, fused_output_applies, output_fwd, state_fwd
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_op, wy_fwd
 from kernels.gated_delta_rule.triton_wy_bwd import wy_bwd
 
@@ -55,21 +56,21 @@ class DeltaOptions:
 
 
 class ChunkDeltaRuleFunction(torch.autograd.Function):
-    """(o, final_state) = gated delta rule (+ addend, a [B, T, H, V] term added to o before it
-    is rounded, or None); g None means the ungated delta rule."""
+    """(o, final_state) = gated delta rule (+ a running mean added to o before it is rounded,
+    or None: kernels/gated_delta_rule/triton_fwd.py, RunningMean; its gradient is the
+    caller's); g None means the ungated delta rule."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions, addend=None):
+    def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions, mean: RunningMean | None = None):
         ctx.launch = note_launch(delta_op(g is not None))
         h0 = initial_state.float().contiguous() if initial_state is not None else None
         gam, tm, w, u0 = wy_fwd(k, v, beta, g)
-        # The state pass with the output fused into it takes no addend.
-        fused = addend is None and fused_output_applies(q.shape[0] * q.shape[2], g is not None)
+        # The state pass with the output fused into it adds no running mean.
+        fused = mean is None and fused_output_applies(q.shape[0] * q.shape[2], g is not None)
         h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale)
         del u0
         if not fused:
-            o = output_fwd(q, k, u, h, gam, opts.scale, addend=addend)
-        ctx.addend_dtype = addend.dtype if addend is not None else None
+            o = output_fwd(q, k, u, h, gam, opts.scale, mean=mean)
         ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h)
         ctx.opts = opts
         ctx.g_dtype = g.dtype if g is not None else None
@@ -95,31 +96,28 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         dk, dv, dbeta, dg = wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, ctx.g_dtype, ctx.need_dg)
         if dh0 is not None:
             dh0 = dh0.to(ctx.h0_dtype)
-        d_addend = do.to(ctx.addend_dtype) if ctx.addend_dtype is not None else None
-        return dq, dk, dv, dg, dbeta, dh0, None, d_addend
+        return dq, dk, dv, dg, dbeta, dh0, None, None
 
 
 @torch.library.custom_op(op_name("delta_rule_fwd"), mutates_args=())
 def delta_rule_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
-    scale: float, output_final_state: bool, addend: Tensor | None = None,
+    scale: float, output_final_state: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """ChunkDeltaRuleFunction's forward as a custom op. q, k: [B, T, H, K], v: [B, T, H, V]
-    (one dtype, contiguous); g | None, beta: [B, T, H]; initial_state [B, H, K, V] or None;
-    addend [B, T, H, V] contiguous or None (added to o in fp32 before o is rounded).
+    (one dtype, contiguous); g | None, beta: [B, T, H]; initial_state [B, H, K, V] or None.
     Returns o [B, T, H, V], the final state [B, H, K, V] fp32 (a placeholder unless
     output_final_state) and what the backward reads besides the inputs: gamma [B, T, H] fp32
     (cumulative log2-gates; a placeholder without g), Tm [B, T, H, 64], W [B, T, H, K], U [B, T, H, V] and the
     per-chunk states h [B, H, NT, K, V] (in q's dtype)."""
     ctx = FunctionContext()
-    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, k, v, g, beta, initial_state, DeltaOptions(scale, output_final_state),
-                                           addend)
+    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, k, v, g, beta, initial_state, DeltaOptions(scale, output_final_state))
     gam, tm, w, u, h = ctx.saved_tensors[4:]
     return o, or_placeholder(ht, q.device), or_placeholder(gam, q.device), tm, w, u, h
 
 
 @delta_rule_fwd.register_fake
-def _delta_rule_fwd_fake(q, k, v, g, beta, initial_state, scale, output_final_state, addend=None):
+def _delta_rule_fwd_fake(q, k, v, g, beta, initial_state, scale, output_final_state):
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = (T + CHUNK - 1) // CHUNK
@@ -141,9 +139,8 @@ def delta_rule_bwd(
     kernels then skip it), dh0 (in h0_dtype) without an initial state. launch: the forward's
     launch settings (kernels/common/launch.encode)."""
     ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h), opts=DeltaOptions(scale, dht is not None),
-                          g_dtype=g_dtype, h0_dtype=h0_dtype, addend_dtype=None, need_dg=need_dg and g_dtype is not None,
+                          g_dtype=g_dtype, h0_dtype=h0_dtype, need_dg=need_dg and g_dtype is not None,
                           launch=decode(delta_op(g_dtype is not None), launch))
-    # the addend's gradient, do itself, is _delta_rule_backward's
     dq, dk, dv, dg, dbeta, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
     return dq, dk, dv, or_placeholder(dg, q.device), dbeta, or_placeholder(dh0, q.device)
 
@@ -157,9 +154,8 @@ def _delta_rule_bwd_fake(do, dht, q, k, v, beta, gam, tm, w, u, h, scale, g_dtyp
 
 
 def _delta_rule_setup(ctx, inputs, output):
-    q, k, v, g, beta, initial_state, scale, output_final_state, addend = inputs
+    q, k, v, g, beta, initial_state, scale, output_final_state = inputs
     _, _, gam, tm, w, u, h = output
-    ctx.addend_dtype = addend.dtype if addend is not None else None
     ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h)
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.g_dtype = g.dtype if g is not None else None
@@ -179,60 +175,67 @@ def _delta_rule_backward(ctx, do, dht, *residual_grads):
         do, dht, q, k, v, beta, present(gam, has_g), tm, w, u, h, ctx.scale, ctx.g_dtype, ctx.h0_dtype, ctx.launch,
         need_dg,
     )
-    # o = the delta rule's output + addend: the addend's gradient is o's.
-    d_addend = do.to(ctx.addend_dtype) if ctx.addend_dtype is not None else None
-    return dq, dk, dv, present(dg, need_dg), dbeta, present(dh0, has_h0), None, None, d_addend
+    return dq, dk, dv, present(dg, need_dg), dbeta, present(dh0, has_h0), None, None
 
 
 delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
 
 
-@torch.library.custom_op(op_name("delta_rule_infer"), mutates_args=())
-def delta_rule_infer(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
-    scale: float, output_final_state: bool, addend: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """The forward of delta_rule_fwd (same arguments) where no backward follows: it keeps
-    nothing for one (no Tm; under DeltaLaunch.infer_fused no per-chunk states or U either).
-    Returns (o [B, T, H, V], the final state [B, H, K, V] fp32 or a placeholder unless
-    output_final_state)."""
+def delta_rule_forward_only(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, h0: Tensor | None, scale: float,
+    output_final_state: bool, mean: RunningMean | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """ChunkDeltaRuleFunction's forward where no backward follows: it keeps nothing for one
+    (no Tm; under DeltaLaunch.infer_fused, and with no running mean to add, no per-chunk
+    states or U either). h0: [B, H, K, V] fp32 contiguous or None. Returns (o, final state
+    fp32 or None)."""
     note_launch(delta_op(g is not None))
-    h0 = initial_state.float().contiguous() if initial_state is not None else None
     gam, _, w, u0 = wy_fwd(k, v, beta, g, store_tm=False)
-    if addend is None and fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True):
+    if mean is None and fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True):
         _, _, ht, o = state_fwd(k, w, u0, gam, h0, output_final_state, q, scale, store_states=False)
     else:
         h, u, ht, _ = state_fwd(k, w, u0, gam, h0, output_final_state)
         del u0
-        o = output_fwd(q, k, u, h, gam, scale, addend=addend)
+        o = output_fwd(q, k, u, h, gam, scale, mean=mean)
+    return o, ht
+
+
+@torch.library.custom_op(op_name("delta_rule_infer"), mutates_args=())
+def delta_rule_infer(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
+    scale: float, output_final_state: bool,
+) -> tuple[Tensor, Tensor]:
+    """delta_rule_forward_only as a custom op (arguments as delta_rule_fwd's). Returns (o
+    [B, T, H, V], the final state [B, H, K, V] fp32 or a placeholder unless output_final_state)."""
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    o, ht = delta_rule_forward_only(q, k, v, g, beta, h0, scale, output_final_state)
     return o, or_placeholder(ht, q.device)
 
 
 @delta_rule_infer.register_fake
-def _delta_rule_infer_fake(q, k, v, g, beta, initial_state, scale, output_final_state, addend=None):
+def _delta_rule_infer_fake(q, k, v, g, beta, initial_state, scale, output_final_state):
     B, _, H, K = q.shape
     ht = q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32) if output_final_state else placeholder(q.device)
     return q.new_empty(q.shape[:-1] + (v.shape[-1],)), ht
 
 
-def _wants_grad(*tensors: Tensor | None) -> bool:
+def wants_grad(*tensors: Tensor | None) -> bool:
     """Whether autograd would record an op on these tensors."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def delta_rule_apply(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
-    scale: float, output_final_state: bool, addend: Tensor | None = None,
+    scale: float, output_final_state: bool,
 ) -> tuple[Tensor, Tensor | None]:
     """The differentiable Triton gated delta rule (g None: the delta rule) on prepared inputs
-    (as delta_rule_fwd takes them), plus `addend` ([B, T, H, V] or None) added in fp32 before o
-    is rounded. Returns (o [B, T, H, V], final state [B, H, K, V] fp32 or None); gradients flow
-    to q, k, v, g, beta, initial_state and addend. Where none of them wants a gradient, the
-    forward stores nothing for a backward (delta_rule_infer)."""
-    if not _wants_grad(q, k, v, g, beta, initial_state, addend):
-        o, ht = delta_rule_infer(q, k, v, g, beta, initial_state, float(scale), bool(output_final_state), addend)
+    (as delta_rule_fwd takes them). Returns (o [B, T, H, V], final state [B, H, K, V] fp32 or
+    None); gradients flow to q, k, v, g, beta and initial_state. Where none of them wants a
+    gradient, the forward stores nothing for a backward (delta_rule_infer)."""
+    if not wants_grad(q, k, v, g, beta, initial_state):
+        o, ht = delta_rule_infer(q, k, v, g, beta, initial_state, float(scale), bool(output_final_state))
         return o, present(ht, output_final_state)
-    o, ht, *_ = delta_rule_fwd(q, k, v, g, beta, initial_state, float(scale), bool(output_final_state), addend)
+    o, ht, *_ = delta_rule_fwd(q, k, v, g, beta, initial_state, float(scale), bool(output_final_state))
     return o, present(ht, output_final_state)
 
 

@@ -1,25 +1,26 @@
-"""Triton backend of the linearized softmax GDN (docs/design.md §7): a Triton running-mean preprocessing
-(triton_prep.py) feeding the gated delta rule kernels (kernels/gated_delta_rule/triton_op.py).
+"""Triton backend of the linearized softmax GDN (docs/design.md §7): a Triton running-mean
+preprocessing (triton_prep.py) feeding the gated delta rule kernels (kernels/gated_delta_rule).
 
 At absolute position t = count + 1, count + 2, ... (count = tokens already in the state):
     kbar_t = (k_sum + k_1 + ... + k_t) / t       vbar_t likewise, vbar_0 = 0
     key  u_t = k_t - kbar_t                       value (1 - 1/t) (v_t - vbar_{t-1})
     g_t = log(1 - 1/t)                            beta_t = 1 / (t - 1)
-    o_t = GDN(q, u, value, g, beta)_t + vbar_t   (the addition inside GDN's output kernel)
+    o_t = GDN(q, u, value, g, beta)_t + vbar_t
 
 At t = 1 the true gate is log 0 and beta is 1/0, but that step writes nothing and forgets
 everything: u_1 = 0 and the value is 0. So there g = 0 and beta = 1 (finite, and harmless as
 the key is zero), and a state with count = 0 is treated as empty (its tensors are ignored).
 Every division is by t or by max(t - 1, 1), so no value or gradient is ever inf or NaN.
-Gradients flow through the preprocessing to q, k, v and to the state's h, k_sum, v_sum.
 
-fp16/bf16/fp32 inputs: LinGDNPrepFunction (Triton, fp32 sums; key/value in the input dtype).
+fp16/bf16/fp32 inputs: one pair of custom ops, lin_gdn_fwd / lin_gdn_bwd (so that
+torch.compile traces the Triton path as opaque nodes), holds the whole op. The forward runs
+the running-mean scans (keys, values, and the sums of v entering each 64-token chunk) and the
+gated delta rule's forward, whose output kernel adds vbar_t formed from v and those sums: the
+running mean is never stored whole. The backward runs the delta rule's backward (no gate or
+beta gradient: they come from positions) and the scans' adjoint, which reads o's cotangent in
+its own dtype as vbar's. With no gradient wanted, lin_gdn_infer stores nothing for a backward.
 fp64 inputs: the same formulas in torch (running_mean_torch), fp64 sums, key/value in fp32
-for the kernels, whose widest type is fp32.
-
-LinGDNPrepFunction runs inside the custom ops lin_gdn_prep_fwd / lin_gdn_prep_bwd
-(kernels/common/custom_op.py), and the delta rule through delta_rule_apply, so that
-torch.compile traces the Triton path as opaque nodes.
+for the kernels, whose widest type is fp32, and vbar added after them in fp64.
 """
 
 from __future__ import annotations
@@ -28,77 +29,153 @@ import torch
 from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, op_name, or_placeholder, placeholder, present
-from kernels.common.launch import decode, encode
-from kernels.gated_delta_rule.triton_op import check_triton_inputs, delta_rule_apply
-from kernels.linearized_softmax_gdn.triton_prep import LinGDNPrepFunction, PrepOptions, running_mean_torch
+from kernels.common.launch import decode, encode, note_launch
+from kernels.gated_delta_rule.triton_fwd import RunningMean
+from kernels.gated_delta_rule.triton_op import (
+    ChunkDeltaRuleFunction,
+    DeltaOptions,
+    check_triton_inputs,
+    delta_rule_apply,
+    delta_rule_forward_only,
+    wants_grad,
+)
+from kernels.gated_delta_rule.triton_wy import CHUNK
+from kernels.linearized_softmax_gdn.triton_prep import PrepOptions, prep_bwd, prep_fwd, running_mean_torch
+
+OP = "linearized_softmax_gdn"
+DELTA_OP = "gated_delta_rule"  # the launch settings its delta rule runs under
 
 
-@torch.library.custom_op(op_name("lin_gdn_prep_fwd"), mutates_args=())
-def lin_gdn_prep_fwd(
-    k: Tensor, v: Tensor, k_sum0: Tensor | None, v_sum0: Tensor | None, count: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """LinGDNPrepFunction's forward as a custom op: k [B, T, H, K], v [B, T, H, V]
-    (fp16/bf16/fp32, contiguous), k_sum0 [B, H, K] / v_sum0 [B, H, V] fp32 or None, count
-    tokens already seen. Returns (key [B, T, H, K] in k's dtype, value [B, T, H, V] in v's
-    dtype, v_bar [B, T, H, V] fp32, k_sum [B, H, K] fp32, v_sum [B, H, V] fp32)."""
-    return LinGDNPrepFunction.forward(FunctionContext(), k, v, k_sum0, v_sum0, PrepOptions(count=count))
+def positional_gates(count: int, B: int, T: int, H: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(g, beta) [B, T, H] fp32 contiguous at positions count + 1 ... count + T (module
+    docstring), computed in fp64."""
+    pos = torch.arange(count + 1, count + T + 1, device=device, dtype=torch.float64)
+    first = pos == 1.0
+    gate = torch.where(first, 0.0, torch.log1p(-1.0 / pos)).float()
+    beta = torch.where(first, 1.0, 1.0 / torch.clamp(pos - 1.0, min=1.0)).float()
+    return gate[None, :, None].expand(B, T, H).contiguous(), beta[None, :, None].expand(B, T, H).contiguous()
 
 
-@lin_gdn_prep_fwd.register_fake
-def _lin_gdn_prep_fwd_fake(k, v, k_sum0, v_sum0, count):
-    B, T, H, K = k.shape
+@torch.library.custom_op(op_name("lin_gdn_fwd"), mutates_args=())
+def lin_gdn_fwd(
+    q: Tensor, k: Tensor, v: Tensor, h0: Tensor | None, k_sum0: Tensor | None, v_sum0: Tensor | None,
+    scale: float, count: int, output_final_state: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward with its backward to come. q, k: [B, T, H, K], v: [B, T, H, V] (fp16,
+    bf16 or fp32, one dtype, contiguous); h0 [B, H, K, V], k_sum0 [B, H, K], v_sum0 [B, H, V]
+    fp32 or None (an empty state: count = 0). Returns o [B, T, H, V], the final h fp32 (a
+    placeholder unless output_final_state), k_sum [B, H, K] and v_sum [B, H, V] fp32 after
+    the last token, then what the backward reads: key, value, and the delta rule's gamma,
+    Tm, W, U and per-chunk states (delta_rule_fwd's)."""
+    cfg = note_launch(OP)
+    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, PrepOptions(count=count), cfg.prep)
+    B, T, H = q.shape[:3]
+    gate, beta = positional_gates(count, B, T, H, q.device)
+    ctx = FunctionContext()
+    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, key, value, gate, beta, h0, DeltaOptions(scale, output_final_state),
+                                           RunningMean(v, v_enter, count))
+    gam, tm, w, u, h = ctx.saved_tensors[4:]
+    return o, or_placeholder(ht, q.device), k_sum, v_sum, key, value, gam, tm, w, u, h
+
+
+@lin_gdn_fwd.register_fake
+def _lin_gdn_fwd_fake(q, k, v, h0, k_sum0, v_sum0, scale, count, output_final_state):
+    B, T, H, K = q.shape
     V = v.shape[-1]
     f32 = torch.float32
-    return (k.new_empty(B, T, H, K), v.new_empty(B, T, H, V), v.new_empty(B, T, H, V, dtype=f32),
-            k.new_empty(B, H, K, dtype=f32), v.new_empty(B, H, V, dtype=f32))
+    NT = (T + CHUNK - 1) // CHUNK
+    ht = q.new_empty(B, H, K, V, dtype=f32) if output_final_state else placeholder(q.device)
+    return (q.new_empty(B, T, H, V), ht, q.new_empty(B, H, K, dtype=f32), q.new_empty(B, H, V, dtype=f32),
+            q.new_empty(B, T, H, K), q.new_empty(B, T, H, V), q.new_empty(B, T, H, dtype=f32),
+            q.new_empty(B, T, H, CHUNK), q.new_empty(B, T, H, K), q.new_empty(B, T, H, V), q.new_empty(B, H, NT, K, V))
 
 
-@torch.library.custom_op(op_name("lin_gdn_prep_bwd"), mutates_args=())
-def lin_gdn_prep_bwd(
-    d_key: Tensor | None, d_value: Tensor | None, d_v_bar: Tensor | None, d_k_sum: Tensor | None,
-    d_v_sum: Tensor | None, count: int, k_shape: list[int], k_dtype: torch.dtype, v_shape: list[int],
-    v_dtype: torch.dtype, device: torch.device, has_k_sum0: bool, has_v_sum0: bool, launch: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """LinGDNPrepFunction's backward as a custom op: from the cotangents of the five outputs
-    (each may be None) to (dk, dv, dk_sum0, dv_sum0), the last two fp32 or placeholders
-    where the forward had no initial sums. k_shape, k_dtype, v_shape, v_dtype, device: the
-    forward's k and v; launch: the forward's launch settings (kernels/common/launch.encode)."""
-    ctx = FunctionContext(count=count, has_s0=(has_k_sum0, has_v_sum0),
-                          k_meta=(tuple(k_shape), k_dtype, device), v_meta=(tuple(v_shape), v_dtype, device),
-                          launch=decode("linearized_softmax_gdn", launch))
-    dk, dv, dk_sum0, dv_sum0, _ = LinGDNPrepFunction.backward(ctx, d_key, d_value, d_v_bar, d_k_sum, d_v_sum)
-    return dk, dv, or_placeholder(dk_sum0, device), or_placeholder(dv_sum0, device)
+@torch.library.custom_op(op_name("lin_gdn_bwd"), mutates_args=())
+def lin_gdn_bwd(
+    do: Tensor, dht: Tensor | None, d_k_sum: Tensor | None, d_v_sum: Tensor | None, q: Tensor, key: Tensor,
+    value: Tensor, gam: Tensor, tm: Tensor, w: Tensor, u: Tensor, h: Tensor, scale: float, count: int,
+    h0_dtype: torch.dtype | None, has_k_sum0: bool, has_v_sum0: bool, launch_delta: str, launch_prep: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """lin_gdn_fwd's backward: from the cotangents of o, the final h, k_sum and v_sum (the last
+    three may be None) to (dq, dk, dv, dh0, dk_sum0, dv_sum0); dh0 (in h0_dtype), dk_sum0 and
+    dv_sum0 (fp32) are placeholders where the forward had none. launch_delta, launch_prep:
+    the forward's launch settings of the delta rule and of the scans (launch.encode)."""
+    B, T, H = q.shape[:3]
+    _, beta = positional_gates(count, B, T, H, q.device)
+    ctx = FunctionContext((q, key, value, beta, gam, tm, w, u, h), opts=DeltaOptions(scale, dht is not None),
+                          g_dtype=torch.float32, h0_dtype=h0_dtype, need_dg=False,
+                          launch=decode(DELTA_OP, launch_delta))
+    dq, d_key, d_value, _, _, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
+    meta = (tuple(key.shape), key.dtype, key.device), (tuple(value.shape), value.dtype, value.device)
+    # o = GDN(...) + vbar: vbar's cotangent is o's, read by the scan in its own dtype
+    dk, dv, dk_sum0, dv_sum0 = prep_bwd(d_key, d_value, do, d_k_sum, d_v_sum, count, *meta,
+                                        (has_k_sum0, has_v_sum0), decode(OP, launch_prep).prep)
+    return (dq, dk, dv, or_placeholder(dh0, q.device), or_placeholder(dk_sum0, q.device),
+            or_placeholder(dv_sum0, q.device))
 
 
-@lin_gdn_prep_bwd.register_fake
-def _lin_gdn_prep_bwd_fake(d_key, d_value, d_v_bar, d_k_sum, d_v_sum, count, k_shape, k_dtype, v_shape, v_dtype,
-                           device, has_k_sum0, has_v_sum0, launch):
-    B, _, H, K = k_shape
-    V = v_shape[-1]
+@lin_gdn_bwd.register_fake
+def _lin_gdn_bwd_fake(do, dht, d_k_sum, d_v_sum, q, key, value, gam, tm, w, u, h, scale, count, h0_dtype,
+                      has_k_sum0, has_v_sum0, launch_delta, launch_prep):
+    B, _, H, K = q.shape
+    V = value.shape[-1]
     f32 = torch.float32
-    dk_sum0 = torch.empty(B, H, K, dtype=f32, device=device) if has_k_sum0 else placeholder(device)
-    dv_sum0 = torch.empty(B, H, V, dtype=f32, device=device) if has_v_sum0 else placeholder(device)
-    return (torch.empty(k_shape, dtype=k_dtype, device=device), torch.empty(v_shape, dtype=v_dtype, device=device),
-            dk_sum0, dv_sum0)
+    dh0 = q.new_empty(B, H, K, V, dtype=h0_dtype) if h0_dtype is not None else placeholder(q.device)
+    dk_sum0 = q.new_empty(B, H, K, dtype=f32) if has_k_sum0 else placeholder(q.device)
+    dv_sum0 = q.new_empty(B, H, V, dtype=f32) if has_v_sum0 else placeholder(q.device)
+    return torch.empty_like(q), torch.empty_like(key), torch.empty_like(value), dh0, dk_sum0, dv_sum0
 
 
-def _lin_gdn_prep_setup(ctx, inputs, output):
-    k, v, k_sum0, v_sum0, count = inputs
-    ctx.count, ctx.has_s0 = count, (k_sum0 is not None, v_sum0 is not None)
-    ctx.k_meta = (list(k.shape), k.dtype, k.device)
-    ctx.v_meta = (list(v.shape), v.dtype)
-    ctx.launch = encode("linearized_softmax_gdn")  # what the forward ran under, for the backward op
+def _lin_gdn_setup(ctx, inputs, output):
+    q, k, v, h0, k_sum0, v_sum0, scale, count, output_final_state = inputs
+    ctx.save_for_backward(q, *output[4:])
+    ctx.scale, ctx.count, ctx.output_final_state = scale, count, output_final_state
+    ctx.h0_dtype = h0.dtype if h0 is not None else None
+    ctx.has_sums = (k_sum0 is not None, v_sum0 is not None)
+    # what the forward ran under, for the backward op
+    ctx.launch = (encode(DELTA_OP), encode(OP))
     ctx.set_materialize_grads(False)  # unused outputs stay None: no zero tensors to scan
 
 
-def _lin_gdn_prep_backward(ctx, d_key, d_value, d_v_bar, d_k_sum, d_v_sum):
-    (k_shape, k_dtype, device), (v_shape, v_dtype) = ctx.k_meta, ctx.v_meta
-    dk, dv, dk_sum0, dv_sum0 = lin_gdn_prep_bwd(d_key, d_value, d_v_bar, d_k_sum, d_v_sum, ctx.count, k_shape,
-                                                k_dtype, v_shape, v_dtype, device, *ctx.has_s0, ctx.launch)
-    return dk, dv, present(dk_sum0, ctx.has_s0[0]), present(dv_sum0, ctx.has_s0[1]), None
+def _lin_gdn_backward(ctx, do, dht, d_k_sum, d_v_sum, *residual_grads):
+    q, key, value, gam, tm, w, u, h = ctx.saved_tensors
+    do = do if do is not None else torch.zeros(q.shape[:-1] + (value.shape[-1],), dtype=q.dtype, device=q.device)
+    dht = dht if ctx.output_final_state else None
+    dq, dk, dv, dh0, dk_sum0, dv_sum0 = lin_gdn_bwd(
+        do, dht, d_k_sum, d_v_sum, q, key, value, gam, tm, w, u, h, ctx.scale, ctx.count, ctx.h0_dtype,
+        *ctx.has_sums, *ctx.launch,
+    )
+    return (dq, dk, dv, present(dh0, ctx.h0_dtype is not None), present(dk_sum0, ctx.has_sums[0]),
+            present(dv_sum0, ctx.has_sums[1]), None, None, None)
 
 
-lin_gdn_prep_fwd.register_autograd(_lin_gdn_prep_backward, setup_context=_lin_gdn_prep_setup)
+lin_gdn_fwd.register_autograd(_lin_gdn_backward, setup_context=_lin_gdn_setup)
+
+
+@torch.library.custom_op(op_name("lin_gdn_infer"), mutates_args=())
+def lin_gdn_infer(
+    q: Tensor, k: Tensor, v: Tensor, h0: Tensor | None, k_sum0: Tensor | None, v_sum0: Tensor | None,
+    scale: float, count: int, output_final_state: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """lin_gdn_fwd where no backward follows (same arguments): (o, the final h or a
+    placeholder, k_sum, v_sum), keeping nothing for a backward."""
+    cfg = note_launch(OP)
+    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, PrepOptions(count=count), cfg.prep)
+    B, T, H = q.shape[:3]
+    gate, beta = positional_gates(count, B, T, H, q.device)
+    h0 = h0.float().contiguous() if h0 is not None else None
+    o, ht = delta_rule_forward_only(q, key, value, gate, beta, h0, scale, output_final_state,
+                                    RunningMean(v, v_enter, count))
+    return o, or_placeholder(ht, q.device), k_sum, v_sum
+
+
+@lin_gdn_infer.register_fake
+def _lin_gdn_infer_fake(q, k, v, h0, k_sum0, v_sum0, scale, count, output_final_state):
+    B, _, H, K = q.shape
+    V = v.shape[-1]
+    f32 = torch.float32
+    ht = q.new_empty(B, H, K, V, dtype=f32) if output_final_state else placeholder(q.device)
+    return q.new_empty(q.shape[:-1] + (V,)), ht, q.new_empty(B, H, K, dtype=f32), q.new_empty(B, H, V, dtype=f32)
 
 
 def linearized_softmax_gdn_triton(
@@ -113,43 +190,38 @@ def linearized_softmax_gdn_triton(
     LinGDNState after the last token, or None)."""
     from kernels.linearized_softmax_gdn import LinGDNState  # lazy: that package imports this one
 
-    op = "linearized_softmax_gdn"
-    check_triton_inputs(op, q, v, chunk_size)
+    check_triton_inputs(OP, q, v, chunk_size)
     B, T, H = q.shape[:3]
-    dev, out_dtype = q.device, q.dtype
-    # float64 inputs: preprocessing in float64, the kernels in float32 (their widest type)
-    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
-    dt = torch.float32 if out_dtype == torch.float64 else out_dtype
     count = int(initial_state.count) if initial_state is not None else 0
     started = initial_state is not None and count > 0
+    h0 = initial_state.h if started else None
     k_sum0 = initial_state.k_sum if started else None
     v_sum0 = initial_state.v_sum if started else None
-    if out_dtype == torch.float64:
-        key, value, v_bar, k_sum, v_sum = running_mean_torch(k, v, k_sum0, v_sum0, count, acc, dt)
+    if q.dtype == torch.float64:
+        return _fp64(q, k, v, scale, h0, k_sum0, v_sum0, count, output_final_state)
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), h0,
+            k_sum0.float().contiguous() if started else None, v_sum0.float().contiguous() if started else None,
+            float(scale), count, bool(output_final_state))
+    if wants_grad(*args[:6]):
+        o, ht, k_sum, v_sum, *_ = lin_gdn_fwd(*args)
     else:
-        key, value, v_bar, k_sum, v_sum = lin_gdn_prep_fwd(
-            k.contiguous(), v.contiguous(),
-            k_sum0.float().contiguous() if started else None,
-            v_sum0.float().contiguous() if started else None, count)
-
-    # gates depend on the position only: [T] vectors in fp64, broadcast over batch and heads
-    pos = torch.arange(count + 1, count + T + 1, device=dev, dtype=torch.float64)
-    first = pos == 1.0
-    gate = torch.where(first, 0.0, torch.log1p(-1.0 / pos)).float()
-    beta = torch.where(first, 1.0, 1.0 / torch.clamp(pos - 1.0, min=1.0)).float()
-    gate = gate[None, :, None].expand(B, T, H).contiguous()
-    beta = beta[None, :, None].expand(B, T, H).contiguous()
-
-    h0 = initial_state.h if started else None
-    # o_t + vbar_t: inside the output kernel, in fp32 before o's one rounding (no pass over
-    # [B, T, H, V] after it); for fp64 inputs in fp64 after it, in place (v_bar is a fresh
-    # tensor nobody saved for backward)
-    fp64 = out_dtype == torch.float64
-    o, ht = delta_rule_apply(q.to(dt).contiguous(), key.contiguous(), value.contiguous(), gate, beta, h0,
-                             scale, output_final_state, addend=None if fp64 else v_bar)
-    if fp64:
-        o = v_bar.add_(o)
+        o, ht, k_sum, v_sum = lin_gdn_infer(*args)
     if not output_final_state:
         return o, None
-    state = LinGDNState(h=ht.to(acc), k_sum=k_sum, v_sum=v_sum, count=count + T)
-    return o, state
+    return o, LinGDNState(h=ht, k_sum=k_sum, v_sum=v_sum, count=count + T)
+
+
+def _fp64(q, k, v, scale, h0, k_sum0, v_sum0, count: int, output_final_state: bool):
+    """fp64 inputs: preprocessing in fp64 (torch), the delta rule's kernels in fp32 (their
+    widest type), vbar added in fp64 after them."""
+    from kernels.linearized_softmax_gdn import LinGDNState
+
+    B, T, H = q.shape[:3]
+    key, value, v_bar, k_sum, v_sum = running_mean_torch(k, v, k_sum0, v_sum0, count, torch.float64, torch.float32)
+    gate, beta = positional_gates(count, B, T, H, q.device)
+    o, ht = delta_rule_apply(q.float().contiguous(), key.contiguous(), value.contiguous(), gate, beta, h0, scale,
+                             output_final_state)
+    o = v_bar + o  # fp64
+    if not output_final_state:
+        return o, None
+    return o, LinGDNState(h=ht.double(), k_sum=k_sum, v_sum=v_sum, count=count + T)

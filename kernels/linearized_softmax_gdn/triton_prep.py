@@ -11,14 +11,16 @@ empty and both sides are 0), so keys and values are the same "centred" map x_t -
 one kernel serves both. Every division is by t >= 1: nothing is ever inf or NaN.
 
 Forward (`running_mean_fwd`): one program per (sequence = batch x head, feature block) walks T
-in chunks of BT rows: tl.cumsum inside the chunk plus an fp32 carry of the sum so far.
+in chunks of BT rows: tl.cumsum inside the chunk plus an fp32 carry of the sum so far. The
+running mean of v, which the output adds, is not stored: the scan of v stores the sum entering
+each 64-token chunk, and the delta rule's output kernel forms v_bar from it and v.
 Backward (`running_mean_bwd`): the adjoint is the reverse scan. With c_t = x_t - S_t/t and
 m_t = S_t/t, the cotangent of S_t is r_t = (dm_t - dc_t) / t (+ dS_T at t = T), so
     dx_j = dc_j + sum_{t >= j} r_t,      ds0 = sum_t r_t + dS_T,
 walked from the last chunk to the first with an fp32 carry.
 
 All sums, means and carries are fp32; key/value are stored in the kernel dtype (fp16, bf16,
-fp32), v_bar and the sums in fp32. fp64 inputs use `running_mean_torch` (same formulas in
+fp32), the sums in fp32. fp64 inputs use `running_mean_torch` (same formulas in
 torch, fp64 throughout; the Triton kernels stop at fp32).
 """
 
@@ -30,9 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.launch import PrepLaunch, note_launch, settings
+from kernels.common.launch import PrepLaunch, settings
 from kernels.common.triton.tiles import load_tile, store_tile
 from kernels.common.triton.utils import new_buffer, warps
+
+ENTER_CHUNK = 64  # rows per chunk of the entering sums: the delta rule's chunk, whose output kernel reads them
 
 
 @dataclass(frozen=True)
@@ -52,11 +56,12 @@ def _load_carry(ptr, i_bh, o_d, m_d, D: tl.constexpr, BD: tl.constexpr, PRESENT:
 
 @triton.jit
 def running_mean_fwd_kernel(
-    x, s0, centred, mean, s_final, count, T,
-    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-    HAS_S0: tl.constexpr, STORE_MEAN: tl.constexpr,
+    x, s0, centred, enter, s_final, count, T, NC,
+    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, CHUNK: tl.constexpr,
+    HAS_S0: tl.constexpr, STORE_ENTER: tl.constexpr,
 ):
-    """x, centred, mean: [B, T, H, D]; s0, s_final: [B, H, D] fp32. Grid (cdiv(D, BD), B*H)."""
+    """x, centred: [B, T, H, D]; s0, s_final: [B, H, D] fp32; enter: [B, H, NC, D] fp32, the
+    sum entering each CHUNK-row chunk (s0 plus every row before it). Grid (cdiv(D, BD), B*H)."""
     i_d, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     # element offset of row 0 of this sequence in a [B, T, H, D] tensor
@@ -69,10 +74,12 @@ def running_mean_fwd_kernel(
         # 1/t at absolute positions; rows past T are masked out on store
         b_inv_t = 1.0 / (count + 1 + o_t).to(tl.float32)
         b_x = load_tile(x + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
-        b_mean = (tl.cumsum(b_x, axis=0) + b_carry[None, :]) * b_inv_t[:, None]
-        store_tile(centred + seq, b_x - b_mean, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
-        if STORE_MEAN:
-            store_tile(mean + seq, b_mean, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+        b_sum = tl.cumsum(b_x, axis=0) + b_carry[None, :]
+        store_tile(centred + seq, b_x - b_sum * b_inv_t[:, None], i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+        if STORE_ENTER:  # the rows that open a chunk: the sum before them
+            p_enter = enter + (i_bh.to(tl.int64) * NC + o_t // CHUNK)[:, None] * D + o_d[None, :]
+            m_open = ((o_t % CHUNK == 0) & (o_t < T))[:, None] & m_d[None, :]
+            tl.store(p_enter, b_sum - b_x, mask=m_open)
         b_carry += tl.sum(b_x, axis=0)  # masked rows loaded as 0
     tl.store(s_final + i_bh * D + o_d, b_carry, mask=m_d)
 
@@ -129,25 +136,28 @@ def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch) -> tuple[int, int
     return bt, bd
 
 
-def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_mean: bool,
-                     cfg: PrepLaunch | None = None):
+def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_enter: bool,
+                     cfg: PrepLaunch | None = None, chunk: int = ENTER_CHUNK):
     """x: [B, T, H, D]; s0: [B, H, D] fp32 or None; cfg: launch settings (None: those in
-    effect). Returns (centred [B, T, H, D] in x's dtype, mean [B, T, H, D] fp32 or None,
-    s_final [B, H, D] fp32)."""
+    effect). Returns (centred [B, T, H, D] in x's dtype, the sums entering each chunk of
+    `chunk` rows [B, H, cdiv(T, chunk), D] fp32 or None unless store_enter, s_final
+    [B, H, D] fp32). With those sums a chunk's running mean is
+    (enter + the chunk's own cumulative sum) / t, never stored whole."""
     B, T, H, D = x.shape
     x = x.contiguous()
     s0 = s0.float().contiguous() if s0 is not None else None
     centred = new_buffer((B, T, H, D), x.dtype, x.device)
-    mean = new_buffer((B, T, H, D), torch.float32, x.device) if store_mean else None
+    NC = triton.cdiv(T, chunk)
+    enter = new_buffer((B, H, NC, D), torch.float32, x.device) if store_enter else None
     s_final = new_buffer((B, H, D), torch.float32, x.device)
     cfg = cfg or prep_launch()
     bt, bd = launch_blocks(B * H, D, T, cfg)
     running_mean_fwd_kernel[(triton.cdiv(D, bd), B * H)](
-        x, s0, centred, mean, s_final, count, T, H=H, D=D, BT=bt, BD=bd,
-        HAS_S0=s0 is not None, STORE_MEAN=store_mean,
+        x, s0, centred, enter, s_final, count, T, NC, H=H, D=D, BT=bt, BD=bd, CHUNK=chunk,
+        HAS_S0=s0 is not None, STORE_ENTER=store_enter,
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
-    return centred, mean, s_final
+    return centred, enter, s_final
 
 
 def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has_s0: bool,
@@ -172,38 +182,35 @@ def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has
     return dx, ds0
 
 
-class LinGDNPrepFunction(torch.autograd.Function):
-    """(k, v, k_sum0, v_sum0) -> (key, value, v_bar, k_sum_T, v_sum_T) of the module docstring.
+def prep_fwd(k: torch.Tensor, v: torch.Tensor, k_sum0: torch.Tensor | None, v_sum0: torch.Tensor | None,
+             opts: PrepOptions, cfg: PrepLaunch):
+    """(k, v, k_sum0, v_sum0) -> (key, value, v_enter, k_sum_T, v_sum_T) of the module docstring.
 
-    k: [B, T, H, K], v: [B, T, H, V] in fp16/bf16/fp32; k_sum0 [B, H, K] and
-    v_sum0 [B, H, V] fp32, both None for an empty state (opts.count = 0). key, value come in
-    k's dtype, v_bar [B, T, H, V] and the sums in fp32. Nothing is saved for the backward
-    but the launch settings the forward ran under (ctx.launch), which the backward uses."""
+    k: [B, T, H, K], v: [B, T, H, V] in fp16/bf16/fp32; k_sum0 [B, H, K] and v_sum0 [B, H, V]
+    fp32, both None for an empty state (opts.count = 0). key, value come in k's dtype, the
+    sums in fp32: v_enter [B, H, cdiv(T, 64), V] the sums of v entering each 64-token chunk,
+    from which the delta rule's output kernel adds the running mean of v to o."""
+    key, _, k_sum = running_mean_fwd(k, k_sum0, opts.count, store_enter=False, cfg=cfg)
+    value, v_enter, v_sum = running_mean_fwd(v, v_sum0, opts.count, store_enter=True, cfg=cfg)
+    return key, value, v_enter, k_sum, v_sum
 
-    @staticmethod
-    def forward(ctx, k, v, k_sum0, v_sum0, opts: PrepOptions):
-        ctx.launch = note_launch("linearized_softmax_gdn")
-        key, _, k_sum = running_mean_fwd(k, k_sum0, opts.count, store_mean=False, cfg=ctx.launch.prep)
-        value, v_bar, v_sum = running_mean_fwd(v, v_sum0, opts.count, store_mean=True, cfg=ctx.launch.prep)
-        ctx.count = opts.count
-        ctx.has_s0 = (k_sum0 is not None, v_sum0 is not None)
-        ctx.k_meta = (tuple(k.shape), k.dtype, k.device)
-        ctx.v_meta = (tuple(v.shape), v.dtype, v.device)
-        ctx.set_materialize_grads(False)  # unused outputs stay None: no zero tensors to scan
-        return key, value, v_bar, k_sum, v_sum
 
-    @staticmethod
-    def backward(ctx, d_key, d_value, d_v_bar, d_k_sum, d_v_sum):
-        cfg = ctx.launch.prep
-        dk, dk_sum0 = running_mean_bwd(d_key, None, d_k_sum, ctx.count, ctx.k_meta, ctx.has_s0[0], cfg)
-        dv, dv_sum0 = running_mean_bwd(d_value, d_v_bar, d_v_sum, ctx.count, ctx.v_meta, ctx.has_s0[1], cfg)
-        return dk, dv, dk_sum0, dv_sum0, None
+def prep_bwd(d_key, d_value, d_v_bar, d_k_sum, d_v_sum, count: int, k_meta: tuple, v_meta: tuple,
+             has_s0: tuple[bool, bool], cfg: PrepLaunch):
+    """prep_fwd's adjoint: cotangents of key, value, the running mean of v (o's own, read in
+    its dtype), k_sum_T and v_sum_T (each may be None) -> (dk, dv, dk_sum0, dv_sum0);
+    k_meta, v_meta = (shape, dtype, device) of the forward's k and v; has_s0: whether it had
+    k_sum0 and v_sum0 (their gradients are None otherwise)."""
+    dk, dk_sum0 = running_mean_bwd(d_key, None, d_k_sum, count, k_meta, has_s0[0], cfg)
+    dv, dv_sum0 = running_mean_bwd(d_value, d_v_bar, d_v_sum, count, v_meta, has_s0[1], cfg)
+    return dk, dv, dk_sum0, dv_sum0
 
 
 def running_mean_torch(k, v, k_sum0, v_sum0, count: int, acc: torch.dtype, dt: torch.dtype):
-    """The same five outputs in plain torch (autograd included): sums in `acc`, key/value in
-    `dt`. Used for fp64 inputs (acc = fp64, dt = fp32, the kernels' widest type) and by the
-    tests as the reference of LinGDNPrepFunction. k_sum0/v_sum0 None for an empty state."""
+    """key, value, the running mean of v [B, T, H, V], k_sum_T and v_sum_T in plain torch
+    (autograd included): sums in `acc`, key/value in `dt`. Used for fp64 inputs (acc = fp64,
+    dt = fp32, the kernels' widest type) and by the tests as the reference of prep_fwd.
+    k_sum0/v_sum0 None for an empty state."""
     pos = torch.arange(count + 1, count + k.shape[1] + 1, device=k.device, dtype=torch.float64)
     t = pos.to(acc)[None, :, None, None]
     k_cum = torch.cumsum(k.to(acc), dim=1)

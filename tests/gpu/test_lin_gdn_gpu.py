@@ -87,26 +87,20 @@ def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count):
 
 
 def test_lin_gdn_prep_bf16_T8192_matches_loop():
-    """The preprocessing alone, from a state (count 37), every output and input gradient,
-    against the per-token form written from the definitions (8192 steps of a loop in fp64)."""
+    """The preprocessing alone, from a state (count 37), every output (the entering sums of v
+    for its running mean) and input gradient, against the per-token form written from the
+    definitions (8192 steps of a loop in fp64)."""
+    from kernels.common.launch import settings
     from kernels.common.triton import utils
-    from kernels.linearized_softmax_gdn.triton_prep import LinGDNPrepFunction, PrepOptions
-    from tests.kernels.triton.test_lin_gdn_triton import PREP_NAMES, running_means_loop
+    from tests.kernels.triton.test_lin_gdn_triton import PREP_NAMES, run_prep
 
     count = 37
     leaves = make_leaves(count, seed=3)
     leaves = [leaves[1], leaves[2], leaves[4], leaves[5]]  # k, v, k_sum, v_sum
-    ours = [x.detach().clone().requires_grad_(True) for x in leaves]
-    ref = [x.detach().double().requires_grad_(True) for x in leaves]
     utils.DEBUG.poison = True
     try:
-        out = LinGDNPrepFunction.apply(*ours, PrepOptions(count=count))
-        gen = torch.Generator(device="cuda").manual_seed(5)
-        cots = [torch.randn(x.shape, device="cuda", generator=gen).to(x.dtype) for x in out]
-        grads = torch.autograd.grad(out, ours, cots)
+        out, grads, out_ref, grads_ref = run_prep(leaves, count, torch.bfloat16, settings("linearized_softmax_gdn").prep)
     finally:
         utils.DEBUG.poison = False
-    out_ref = running_means_loop(*ref, count)
-    grads_ref = torch.autograd.grad(out_ref, ref, [c.double() for c in cots])
     names = (*PREP_NAMES, "dk", "dv", "dk_sum0", "dv_sum0")
     bf16_errors(dict(zip(names, zip((*out, *grads), (*out_ref, *grads_ref)))), f"lin_gdn_prep_bf16_T{T}")

@@ -9,11 +9,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.gated_delta_rule.triton_op import ChunkDeltaRuleFunction, DeltaOptions, delta_rule_apply, delta_rule_fwd
+from kernels.gated_delta_rule.triton_fwd import RunningMean
+from kernels.gated_delta_rule.triton_op import (
+    ChunkDeltaRuleFunction,
+    DeltaOptions,
+    delta_rule_apply,
+    delta_rule_fwd,
+    delta_rule_infer,
+)
 from kernels.gated_linear_attention.triton_function import ChunkGatedLinearAttentionFunction, ChunkOptions
 from kernels.gated_linear_attention.triton_op import gla_fwd
-from kernels.linearized_softmax_gdn.triton_op import lin_gdn_prep_fwd
-from kernels.linearized_softmax_gdn.triton_prep import LinGDNPrepFunction, PrepOptions
+from kernels.linearized_softmax_gdn.triton_op import lin_gdn_fwd, lin_gdn_infer
 from kernels.mesa.triton_function import MesaFunction, MesaOptions
 from kernels.mesa.triton_op import mesa_fwd
 
@@ -51,8 +57,6 @@ CASES = {
                ("q", "k", "v", None, None), (0.3, 64, False, True)),
     "mesa": (mesa_fwd, lambda *t: MesaFunction.apply(*t, MesaOptions(0.3, 64, 4, None, True)),
              ("q", "k", "v", "g", "beta", "lamb", "h_kk", "h0"), (0.3, 64, 4, None, True)),
-    "lin_gdn_prep": (lin_gdn_prep_fwd, lambda *t: LinGDNPrepFunction.apply(*t, PrepOptions(3)),
-                     ("k", "v", "k_sum", "v_sum"), (3,)),
 }
 
 
@@ -81,10 +85,10 @@ def _outputs_and_grads(outputs, tensors):
 def test_the_custom_op_is_bit_identical_to_its_function(case):
     op, function, tensors, scalars = _args(case)
     n_out = {"gated_delta_rule": 2, "delta_rule": 2, "gla_scalar": 2, "gla_vector": 2, "linear": 2,
-             "mesa": 3, "lin_gdn_prep": 5}[case]
+             "mesa": 3}[case]
     ours = op(*tensors, *scalars)[:n_out]
-    if op is not lin_gdn_prep_fwd:  # the final states: placeholders when not asked for
-        ours = [o if i == 0 or o.numel() else None for i, o in enumerate(ours)]
+    # the final states: placeholders when not asked for
+    ours = [o if i == 0 or o.numel() else None for i, o in enumerate(ours)]
     theirs = function(*(t for t in tensors if t is not None))
     (o1, g1), (o2, g2) = _outputs_and_grads(ours, tensors), _outputs_and_grads(theirs, tensors)
     assert len(o1) == len(o2)
@@ -98,19 +102,36 @@ def test_delta_rule_apply_returns_none_without_a_final_state():
     assert ht is None and o.shape == (B, T, H, V)
 
 
-def test_the_delta_rules_addend_is_added_before_rounding_and_gets_os_gradient():
-    """delta_rule_fwd's addend (lin_gdn's running mean of v): opcheck, bit identity with the
-    autograd.Function, o = o without it + addend, and the addend's gradient is o's."""
-    t = _leaves()
-    addend = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(3)).requires_grad_()
+@pytest.mark.parametrize("count", [0, 3])
+@pytest.mark.parametrize("op", [lin_gdn_fwd, lin_gdn_infer], ids=["fwd", "infer"])
+def test_opcheck_lin_gdn(op, count):
+    """The linearized softmax GDN's ops (its whole Triton path, which no autograd.Function
+    stands for: tests/kernels/triton/test_lin_gdn_triton.py holds it to its recurrence). The
+    no-gradient op has no autograd formula: it gets inputs that want none."""
+    t = _leaves() if op is lin_gdn_fwd else {n: x.detach() for n, x in _leaves().items()}
+    state = (t["h0"], t["k_sum"], t["v_sum"]) if count else (None, None, None)
+    torch.library.opcheck(op, (t["q"], t["k"], t["v"], *state, 0.3, count, True))
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
+def test_opcheck_delta_rule_infer(gated):
+    """The delta rules' no-gradient forward (no autograd formula: inputs that want none)."""
+    t = {n: x.detach() for n, x in _leaves().items()}
+    torch.library.opcheck(delta_rule_infer, (t["q"], t["k"], t["v"], t["g"] if gated else None, t["beta"],
+                                             t["h0"] if gated else None, 0.3, gated))
+
+
+def test_the_running_mean_is_added_before_rounding():
+    """The delta rule's forward with a RunningMean (lin_gdn's mean of v): o is o without it
+    plus (enter + the chunk's cumulative sum) / position, for a state of 5 tokens."""
+    t = {n: x.detach() for n, x in _leaves().items()}
     tensors = [t["q"], t["k"], t["v"], t["g"], t["beta"], t["h0"]]
-    torch.library.opcheck(delta_rule_fwd, (*tensors, 0.3, True, addend))
-    ours = delta_rule_fwd(*tensors, 0.3, True, addend)[:2]
-    theirs = ChunkDeltaRuleFunction.apply(*tensors, DeltaOptions(0.3, True), addend)
-    (o1, g1), (o2, g2) = _outputs_and_grads(ours, [*tensors, addend]), _outputs_and_grads(theirs, [*tensors, addend])
-    assert all(torch.equal(a, b) for a, b in zip(o1, o2)) and all(torch.equal(a, b) for a, b in zip(g1, g2))
-    plain = delta_rule_fwd(*tensors, 0.3, True)[0]
-    torch.testing.assert_close(ours[0], plain + addend, rtol=1e-5, atol=1e-5)
-    do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(4))
-    (d_addend,) = torch.autograd.grad(delta_rule_apply(*tensors, 0.3, False, addend=addend)[0], [addend], do)
-    assert torch.equal(d_addend, do)
+    x = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(3))
+    v_sum0 = torch.randn(B, H, V, generator=torch.Generator().manual_seed(4))
+    before = torch.cumsum(x, dim=1) - x + v_sum0[:, None]
+    enter = before[:, ::64].permute(0, 2, 1, 3).contiguous()
+    o, _ = ChunkDeltaRuleFunction.forward(type("Ctx", (), {"save_for_backward": lambda *a: None})(), *tensors,
+                                          DeltaOptions(0.3, False), RunningMean(x, enter, 5))
+    plain, _ = ChunkDeltaRuleFunction.apply(*tensors, DeltaOptions(0.3, False))
+    pos = torch.arange(6, 6 + T, dtype=torch.float32)[None, :, None, None]
+    torch.testing.assert_close(o, plain + (before + x) / pos, rtol=1e-5, atol=1e-5)

@@ -94,8 +94,8 @@ def test_routed_by_gradient(monkeypatch):
 
 
 def test_lin_gdn_inference_equals_training_forward():
-    """The linearized softmax GDN adds its running mean inside output_fwd (an addend): its
-    no-gradient forward runs the two-kernel pass, bit for bit the training forward's output."""
+    """The linearized softmax GDN adds its running mean inside output_fwd: its no-gradient
+    forward (lin_gdn_infer) runs the two-kernel pass, bit for bit the training forward's output."""
     gen = torch.Generator().manual_seed(72)
     q, k = torch.randn(2, 2, 100, 2, 16, generator=gen)
     v = torch.randn(2, 100, 2, 16, generator=gen)

@@ -155,7 +155,7 @@ def prep_leaves(B, T, H, K, V, count, seed):
     return leaves
 
 
-PREP_NAMES = ("key", "value", "v_bar", "k_sum", "v_sum")
+PREP_NAMES = ("key", "value", "v_bar", "k_sum", "v_sum")  # v_bar: the entering sums of v, for prep_fwd
 
 
 def running_means_loop(k, v, k_sum0, v_sum0, count: int):
@@ -168,7 +168,7 @@ def running_means_loop(k, v, k_sum0, v_sum0, count: int):
 
     k: [B, T, H, K], v: [B, T, H, V]; k_sum0 [B, H, K], v_sum0 [B, H, V], or None for an
     empty state. Returns (key [B, T, H, K], value [B, T, H, V], v_bar [B, T, H, V], the sums
-    after the last token [B, H, K] and [B, H, V]): LinGDNPrepFunction's five outputs."""
+    after the last token [B, H, K] and [B, H, V])."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     k_sum = k_sum0 if k_sum0 is not None else k.new_zeros(B, H, K)
@@ -185,8 +185,8 @@ def running_means_loop(k, v, k_sum0, v_sum0, count: int):
 
 
 def prep_errors(out, grads, out_ref, grads_ref) -> dict[str, float]:
-    """rel_err and (under "<name> (worst row)") row_err of the five outputs and the gradients
-    of k, v and, when present, the state's sums."""
+    """rel_err and (under "<name> (worst row)") row_err of the outputs and the gradients of
+    k, v and, when present, the state's sums."""
     names = (*PREP_NAMES, "dk", "dv", "dk_sum0", "dv_sum0")
     pairs = list(zip(names, (*out, *grads), (*out_ref, *grads_ref)))
     errors = {n: rel_err(a, b) for n, a, b in pairs}
@@ -199,32 +199,56 @@ def assert_prep_within(errors, tol, row_tol):
     assert not bad, f"errors over {tol:g} (rows {row_tol:g}): {bad} (all: {errors})"
 
 
+def entering_sums(v, v_sum0, chunk=64):
+    """[B, T, H, V] -> [B, H, cdiv(T, chunk), V]: v_sum0 (or 0) plus every v before each chunk."""
+    B, T, H, V = v.shape
+    before = torch.cumsum(v, dim=1) - v
+    if v_sum0 is not None:
+        before = before + v_sum0[:, None]
+    return before[:, ::chunk].permute(0, 2, 1, 3)
+
+
+def run_prep(leaves, count, dtype, cfg, seed=99):
+    """prep_fwd and prep_bwd (launch settings cfg) against running_means_loop in fp64 on
+    leaves k, v (and, with count, k_sum0, v_sum0): key, value, the entering sums of v (the
+    loop's inputs give theirs) and the final sums; then the gradients of k, v and the state's
+    sums for random cotangents of key, value, v_bar and the final sums. Returns (outputs,
+    gradients, reference outputs, reference gradients)."""
+    leaves[:2] = [x.to(dtype) for x in leaves[:2]]
+    ref = [x.double().requires_grad_(True) for x in leaves]
+    sums, sums_ref = (leaves[2:], ref[2:]) if count else ([None, None], [None, None])
+    key, value, v_enter, k_sum, v_sum = triton_prep.prep_fwd(*leaves[:2], *sums, triton_prep.PrepOptions(count), cfg)
+    out_ref = running_means_loop(*ref[:2], *sums_ref, count)
+    assert [x.dtype for x in (key, value, v_enter, k_sum, v_sum)] == [dtype, dtype] + [torch.float32] * 3
+    enter_ref = entering_sums(ref[1].detach(), sums_ref[1].detach() if count else None)
+    gen = torch.Generator().manual_seed(seed)
+    cots = [torch.randn(x.shape, generator=gen).to(device=x.device, dtype=x.dtype) for x in (key, value, *out_ref[2:])]
+    cots[2] = cots[2].to(dtype)  # v_bar's cotangent is o's, in the input dtype
+    grads = triton_prep.prep_bwd(*cots, count, (tuple(leaves[0].shape), dtype, leaves[0].device),
+                                 (tuple(leaves[1].shape), dtype, leaves[1].device), (bool(count), bool(count)), cfg)
+    grads = [g for g in grads if g is not None]
+    grads_ref = torch.autograd.grad(out_ref, ref, [c.double() for c in cots])
+    for g, leaf in zip(grads, leaves):
+        assert g.dtype == leaf.dtype and g.shape == leaf.shape
+    out = (key, value, v_enter, k_sum, v_sum)
+    return out, grads, (*out_ref[:2], enter_ref, *out_ref[3:]), grads_ref
+
+
 @pytest.mark.parametrize(("T", "K", "V", "count", "tile_elems", "dtype"), [
     (1, 16, 32, 0, 4096, torch.float32),
     (63, 32, 16, 0, 256, torch.float32),
     (64, 16, 16, 7, 256, torch.float32),
     (100, 24, 40, 3, 512, torch.float32),  # feature blocks past K, V: masked columns
-    (100, 32, 32, 0, 256, torch.float16),
+    (130, 32, 32, 0, 256, torch.float16),  # three chunks of entering sums, 16-row tiles
+    (200, 16, 16, 5, 8192, torch.float32),  # a tile of 256 rows opens four chunks
 ])
-def test_prep_function_matches_loop(launch, T, K, V, count, tile_elems, dtype):
-    """LinGDNPrepFunction against running_means_loop in fp64: the five outputs and the
-    gradients of k, v and the state's sums under random cotangents of all five outputs."""
+def test_prep_matches_loop(launch, T, K, V, count, tile_elems, dtype):
+    """prep_fwd / prep_bwd against running_means_loop: outputs and gradients."""
+    from kernels.common.launch import settings
+
     launch(linearized_softmax_gdn={"prep": {"tile_elems": tile_elems}})
-    B, H = 2, 2
-    leaves = prep_leaves(B, T, H, K, V, count, seed=T + count)
-    leaves[:2] = [x.to(dtype) for x in leaves[:2]]
-    ours = [x.clone().requires_grad_(True) for x in leaves]
-    ref = [x.double().requires_grad_(True) for x in leaves]
-    state, state_ref = (ours[2:], ref[2:]) if count else ([None, None], [None, None])
-    out = triton_prep.LinGDNPrepFunction.apply(*ours[:2], *state, triton_prep.PrepOptions(count=count))
-    out_ref = running_means_loop(*ref[:2], *state_ref, count)
-    assert [x.dtype for x in out] == [dtype, dtype] + [torch.float32] * 3
-    gen = torch.Generator().manual_seed(99)
-    cots = [torch.randn(x.shape, generator=gen).to(x.dtype) for x in out]
-    grads = torch.autograd.grad(out, ours, cots)
-    grads_ref = torch.autograd.grad(out_ref, ref, [c.double() for c in cots])
-    for g, leaf in zip(grads, ours):
-        assert g.dtype == leaf.dtype and g.shape == leaf.shape
+    leaves = prep_leaves(2, T, 2, K, V, count, seed=T + count)
+    out, grads, out_ref, grads_ref = run_prep(leaves, count, dtype, settings("linearized_softmax_gdn").prep)
     if T == 1 and not count:  # t = 1 of an empty state: key and value exactly zero
         assert not out[0].any() and not out[1].any()
     assert_prep_within(prep_errors(out, grads, out_ref, grads_ref), TOL[dtype], ROW_TOL[dtype])
@@ -247,17 +271,3 @@ def test_running_mean_torch_matches_loop(count, dt):
     grads = torch.autograd.grad(out, ours, [c.to(x.dtype) for c, x in zip(cots, out)])
     grads_ref = torch.autograd.grad(out_ref, ref, cots)
     assert_prep_within(prep_errors(out, grads, out_ref, grads_ref), TOL[dt], ROW_TOL[dt])
-
-
-def test_prep_function_partial_cotangents():
-    """Only key and v_bar receive gradients (value and the final sums unused): the backward
-    skips the missing cotangents instead of scanning zero tensors."""
-    leaves = prep_leaves(1, 40, 1, 16, 16, 2, seed=5)
-    ours = [x.clone().requires_grad_(True) for x in leaves]
-    ref = [x.double().requires_grad_(True) for x in leaves]
-    key, _, v_bar, _, _ = triton_prep.LinGDNPrepFunction.apply(*ours, triton_prep.PrepOptions(count=2))
-    key_ref, _, v_bar_ref, _, _ = running_means_loop(*ref, 2)
-    grads = torch.autograd.grad((key * key).sum() + v_bar.sum(), ours)
-    grads_ref = torch.autograd.grad((key_ref * key_ref).sum() + v_bar_ref.sum(), ref)
-    errors = [rel_err(a, b) for a, b in zip(grads, grads_ref)] + [row_err(a, b) for a, b in zip(grads, grads_ref)]
-    assert all(e < TOL[torch.float32] for e in errors), errors
