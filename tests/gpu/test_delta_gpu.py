@@ -121,6 +121,53 @@ def test_fused_state_output(case):
     assert_within(errors, CASES[case][6], f"{case} fused")
 
 
+def forward_errors(case: str, fused: bool, dtype: torch.dtype) -> dict:
+    """Errors of o and the final state of the forward with no gradient wanted
+    (delta_rule_infer: nothing stored for a backward; fused from min_heads sequences of heads
+    on, here forced on or off), inputs in `dtype`, against the fp64 chunked form."""
+    from kernels import delta_rule, gated_delta_rule
+    from kernels.common.launch import launch_settings
+    from kernels.common.triton import utils
+    from kernels.gated_delta_rule.chunked import chunk_gated_delta_rule
+
+    name, B, T, H, K, V, _, gate = CASES[case]
+    op, op_name = (gated_delta_rule, "gated_delta_rule") if name == "gdn" else (delta_rule, "delta_rule")
+    tensors, h0 = make_inputs(B, T, H, K, V, dtype, gate)
+    infer = {"infer_fused": {"enabled": fused, "min_heads": 1}}
+    utils.DEBUG.poison = True
+    try:
+        with launch_settings(delta_rule=infer, gated_delta_rule=infer), triton_ran(op_name), torch.no_grad():
+            o, ht = op(**tensors, initial_state=h0, scale=K**-0.5, output_final_state=True, backend="triton")
+    finally:
+        utils.DEBUG.poison = False
+    ref = {n: t.double() for n, t in tensors.items()}
+    o_ref, ht_ref = chunk_gated_delta_rule(ref["q"], ref["k"], ref["v"], ref.get("g"), ref["beta"], K**-0.5,
+                                           initial_state=h0.double(), output_final_state=True)
+    errors = all_errors({"o": (o, o_ref), "final_state": (ht, ht_ref)})
+    label = f"{case} no gradient {'fused' if fused else 'two kernels'}"
+    record_gpu_errors(label if dtype == CASES[case][6] else f"{label} as {str(dtype).removeprefix('torch.')}", errors)
+    return errors
+
+
+@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "gdn_bf16_T32768", "delta_fp16_T75_K64_V256"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
+def test_forward_without_gradient(case, fused):
+    """o and the final state of the no-gradient forward, held as the forward with a backward
+    is (test_matches_fp64_chunked: a bf16 worst row over ROW_TOL passes only as rounding)."""
+    dtype = CASES[case][6]
+    errors = forward_errors(case, fused, dtype)
+    for quantity in ("o", "final_state"):
+        whole, row = errors[quantity], errors[f"{quantity} (worst row)"]
+        assert whole < TOL[dtype], f"{case} {quantity}: {whole:.3e} >= {TOL[dtype]} (all: {errors})"
+        if row < ROW_TOL[dtype]:
+            continue
+        why = "no fp16 twin for this dtype"
+        if dtype == torch.bfloat16:
+            twin = forward_errors(case, fused, torch.float16)
+            why = rounding_verdict(row, twin[quantity], twin[f"{quantity} (worst row)"])
+        assert why is None, f"{case} {quantity} (worst row): {row:.3e} >= {ROW_TOL[dtype]}, and {why} (all: {errors})"
+
+
 def test_tf32x3_dots_hold_the_fp32_bounds():
     """fp32 under torch's "highest" matmul precision with every kernel's fp32_dots="tf32x3"
     (three TF32 tensor-core products per dot instead of scalar FMAs; KernelLaunch.fp32_dots,
