@@ -46,12 +46,24 @@ class RunningMean:
     count: int
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
+@triton.jit
+def _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count,
+                       V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    """[BT, BV] fp32: the running mean of RunningMean (x = mv, enter = menter) on the rows of
+    chunk i_t, columns v0 .. v0 + BV."""
+    b_x = load_tile(mv + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
+    o_v = v0 + tl.arange(0, BV)
+    b_enter = tl.load(menter + (i_bh * NT + i_t).to(tl.int64) * V + o_v, mask=o_v < V, other=0.0)
+    b_inv_t = 1.0 / (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
+    return (tl.cumsum(b_x, axis=0) + b_enter[None, :]) * b_inv_t[:, None]
+
+
+@triton.jit(do_not_specialize=["T", "NT", "count"])
 def state_fwd_kernel(
-    k, w, u0, u, gam, h, h0, ht, q, o, scale, T, NT, H,
+    k, w, u0, u, gam, h, h0, ht, q, o, mv, menter, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
-    FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr,
+    FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -81,6 +93,8 @@ def state_fwd_kernel(
                 b_o *= tl.exp2(b_g)[:, None]
             b_a = causal_decay(tl.dot(b_q, b_kt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
             b_o = b_o * scale + tl.dot(b_a.to(dt), b_u.to(u.dtype.element_ty).to(dt), input_precision=PREC)
+            if HAS_MEAN:
+                b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV)
             store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
         if USE_G:
             last = tl.minimum(t0 + BT, T) - 1
@@ -120,12 +134,14 @@ def output_fwd_kernel(
     b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
     if HAS_MEAN:  # the running mean of mv, added before the one rounding to o's dtype
-        b_mv = load_tile(mv + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
-        o_v = v0 + tl.arange(0, BV)
-        b_enter = tl.load(menter + (i_bh * NT + i_t).to(tl.int64) * V + o_v, mask=o_v < V, other=0.0)
-        b_inv_t = 1.0 / (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
-        b_o += (tl.cumsum(b_mv, axis=0) + b_enter[None, :]) * b_inv_t[:, None]
+        b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV)
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
+
+
+def _check_mean(mean: RunningMean | None, NT: int, chunk_size: int, where: str) -> None:
+    if mean is not None and mean.enter.shape[2] != NT:
+        raise ValueError(f"{where}: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
+                         f"the output {NT} of {chunk_size} tokens")
 
 
 def fused_output_applies(n_heads: int, gated: bool, inference: bool = False) -> bool:
@@ -141,14 +157,19 @@ def state_fwd(
     k: torch.Tensor, w: torch.Tensor, u0: torch.Tensor, gam: torch.Tensor | None,
     h0: torch.Tensor | None, output_final_state: bool,
     q: torch.Tensor | None = None, scale: float = 1.0, chunk_size: int = CHUNK, store_states: bool = True,
+    mean: RunningMean | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Returns (h [B, H, NT, K, V] states entering each chunk, U [B, T, H, V], final state
     [B, H, K, V] fp32 or None, O [B, T, H, V] or None). h0: [B, H, K, V] fp32 contiguous or
     None. With q ([B, T, H, K]) the output O = output_fwd(q, k, U, h, gam, scale) is
-    computed in the same pass, and store_states=False (only with q: a forward no backward
-    follows) leaves h and U unwritten (returned as None)."""
+    computed in the same pass (plus `mean`'s running mean, as output_fwd adds it), and
+    store_states=False (only with q: a forward no backward follows) leaves h and U unwritten
+    (returned as None)."""
     if not store_states and q is None:
         raise ValueError("state_fwd: store_states=False needs q (the output fused): output_fwd reads h and U")
+    if mean is not None and q is None:
+        raise ValueError("state_fwd: a running mean is added to the output: it needs q (the output fused)")
+    _check_mean(mean, triton.cdiv(k.shape[1], chunk_size), chunk_size, "state_fwd")
     B, T, H, K = k.shape
     V = u0.shape[-1]
     NT = triton.cdiv(T, chunk_size)
@@ -163,10 +184,12 @@ def state_fwd(
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
         h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,
-        o if o is not None else u, scale, T, NT,
-        H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
+        o if o is not None else u0, mean.x if mean is not None else k, mean.enter if mean is not None else k,
+        scale, T, NT, H, mean.count if mean is not None else 0,
+        K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        STORE_STATES=store_states, num_warps=warps(cfg.num_warps), num_stages=cfg.stages_for(full_block(K), k.element_size()),
+        STORE_STATES=store_states, HAS_MEAN=mean is not None, num_warps=warps(cfg.num_warps),
+        num_stages=cfg.stages_for(full_block(K), k.element_size()),
     )
     return h, u, ht, o
 
@@ -184,9 +207,7 @@ def output_fwd(
     o = new_buffer((B, T, H, V), q.dtype, q.device)
     cfg = delta_launch(gam is not None).output_fwd
     BV = block_size(V, cfg.BV)
-    if mean is not None and mean.enter.shape[2] != NT:
-        raise ValueError(f"output_fwd: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
-                         f"the output {NT} of {chunk_size} tokens")
+    _check_mean(mean, NT, chunk_size, "output_fwd")
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, mean.x if mean is not None else q,
         mean.enter if mean is not None else q, o, scale, T, NT, H, mean.count if mean is not None else 0,

@@ -65,9 +65,9 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         ctx.launch = note_launch(delta_op(g is not None))
         h0 = initial_state.float().contiguous() if initial_state is not None else None
         gam, tm, w, u0 = wy_fwd(k, v, beta, g)
-        # The state pass with the output fused into it adds no running mean.
-        fused = mean is None and fused_output_applies(q.shape[0] * q.shape[2], g is not None)
-        h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale)
+        fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None)
+        h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale,
+                                mean=mean if fused else None)
         del u0
         if not fused:
             o = output_fwd(q, k, u, h, gam, opts.scale, mean=mean)
@@ -186,13 +186,12 @@ def delta_rule_forward_only(
     output_final_state: bool, mean: RunningMean | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """ChunkDeltaRuleFunction's forward where no backward follows: it keeps nothing for one
-    (no Tm; under DeltaLaunch.infer_fused, and with no running mean to add, no per-chunk
-    states or U either). h0: [B, H, K, V] fp32 contiguous or None. Returns (o, final state
-    fp32 or None)."""
+    (no Tm; under DeltaLaunch.infer_fused no per-chunk states or U either). h0: [B, H, K, V]
+    fp32 contiguous or None. Returns (o, final state fp32 or None)."""
     note_launch(delta_op(g is not None))
     gam, _, w, u0 = wy_fwd(k, v, beta, g, store_tm=False)
-    if mean is None and fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True):
-        _, _, ht, o = state_fwd(k, w, u0, gam, h0, output_final_state, q, scale, store_states=False)
+    if fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True):
+        _, _, ht, o = state_fwd(k, w, u0, gam, h0, output_final_state, q, scale, store_states=False, mean=mean)
     else:
         h, u, ht, _ = state_fwd(k, w, u0, gam, h0, output_final_state)
         del u0

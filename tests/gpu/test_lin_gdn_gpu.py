@@ -104,3 +104,29 @@ def test_lin_gdn_prep_bf16_T8192_matches_loop():
         utils.DEBUG.poison = False
     names = (*PREP_NAMES, "dk", "dv", "dk_sum0", "dv_sum0")
     bf16_errors(dict(zip(names, zip((*out, *grads), (*out_ref, *grads_ref)))), f"lin_gdn_prep_bf16_T{T}")
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
+def test_lin_gdn_bf16_T8192_forward_without_gradient(fused):
+    """The no-gradient forward (lin_gdn_infer; its running mean added in the fused state pass
+    or in the output kernel, forced here): o and the final state against the fp64 chunked
+    form, from a state (count 37)."""
+    lin = pytest.importorskip("kernels.linearized_softmax_gdn")
+    from kernels.common.launch import launch_settings
+    from kernels.common.triton import utils
+
+    count = 37
+    leaves = make_leaves(count, seed=7 + count)  # test_lin_gdn_bf16_T8192_matches_fp64_chunked's inputs
+    st = lin.LinGDNState(*leaves[3:], count)
+    utils.DEBUG.poison = True
+    try:
+        with launch_settings(gated_delta_rule={"infer_fused": {"enabled": fused, "min_heads": 1}}), \
+                triton_ran("linearized_softmax_gdn"), torch.no_grad():
+            o, s = lin.linearized_softmax_gdn(*leaves[:3], initial_state=st, output_final_state=True, backend="triton")
+    finally:
+        utils.DEBUG.poison = False
+    ref = [x.double() for x in leaves]
+    o_ref, s_ref = lin.linearized_softmax_gdn(*ref[:3], initial_state=lin.LinGDNState(*ref[3:], count),
+                                              output_final_state=True, backend="torch")
+    pairs = {"o": (o, o_ref), "h": (s.h, s_ref.h), "k_sum": (s.k_sum, s_ref.k_sum), "v_sum": (s.v_sum, s_ref.v_sum)}
+    bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}_no_gradient_{'fused' if fused else 'two_kernels'}")

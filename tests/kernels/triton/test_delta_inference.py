@@ -93,13 +93,17 @@ def test_routed_by_gradient(monkeypatch):
     assert calls == ["delta_rule_fwd", "delta_rule_fwd"]
 
 
-def test_lin_gdn_inference_equals_training_forward():
-    """The linearized softmax GDN adds its running mean inside output_fwd: its no-gradient
-    forward (lin_gdn_infer) runs the two-kernel pass, bit for bit the training forward's output."""
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
+def test_lin_gdn_inference_equals_training_forward(launch, fused):
+    """The linearized softmax GDN's no-gradient forward (lin_gdn_infer), its running mean
+    added in the fused pass or in output_fwd: the training forward's output (two kernels: bit
+    for bit; fused: up to summation order) and final state."""
+    launch(gated_delta_rule=FUSED if fused else UNFUSED)
     gen = torch.Generator().manual_seed(72)
     q, k = torch.randn(2, 2, 100, 2, 16, generator=gen)
     v = torch.randn(2, 100, 2, 16, generator=gen)
     o, state = linearized_softmax_gdn(q, k, v, output_final_state=True, backend="triton")
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     o2, state2 = linearized_softmax_gdn(*leaves, output_final_state=True, backend="triton")
-    assert torch.equal(o, o2) and torch.equal(state.h, state2.h)
+    assert torch.equal(state.h, state2.h) and torch.equal(state.v_sum, state2.v_sum)
+    assert rel_err(o, o2) < 1e-6 if fused else torch.equal(o, o2)

@@ -110,6 +110,14 @@ def test_scan_across_chunks_fp32(launch):
     run_case(1, 100, 2, 32, 16, 4, torch.float32, seed=12)
 
 
+@pytest.mark.parametrize("count", [0, 6])
+def test_fused_state_output_fp32(launch, count):
+    """The delta rule's output fused into its state pass (fused_fwd, off by default, forced on
+    here), the running mean added there: outputs, final state and every gradient."""
+    launch(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}})
+    run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
+
+
 def test_fp64_inputs_torch_preprocessing():
     """fp64 inputs: torch preprocessing in fp64, kernels in fp32, fp64 outputs and state."""
     run_case(1, 63, 1, 16, 16, 4, torch.float64, seed=13)
