@@ -146,22 +146,10 @@ def wy_fwd_kernel(
     if STORE_TM:
         p_tm = tm + seq * BT
         zero = tl.zeros([16, 16], dtype=tl.float32)
-        store_tile(p_tm, t00, t0, 0, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, zero, t0, 16, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, zero, t0, 32, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, zero, t0, 48, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, t10, t0 + 16, 0, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, t11, t0 + 16, 16, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, zero, t0 + 16, 32, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, zero, t0 + 16, 48, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, t20, t0 + 32, 0, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, t21, t0 + 32, 16, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, t22, t0 + 32, 32, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, zero, t0 + 32, 48, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, t30, t0 + 48, 0, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, t31, t0 + 48, 16, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, t32, t0 + 48, 32, T, BT, H * BT, 16, 16)
-        store_tile(p_tm, t33, t0 + 48, 48, T, BT, H * BT, 16, 16)
+        _store_row_of_blocks(p_tm, t00, zero, zero, zero, t0, T, H * BT)
+        _store_row_of_blocks(p_tm, t10, t11, zero, zero, t0 + 16, T, H * BT)
+        _store_row_of_blocks(p_tm, t20, t21, t22, zero, t0 + 32, T, H * BT)
+        _store_row_of_blocks(p_tm, t30, t31, t32, t33, t0 + 48, T, H * BT)
 
     # W = Tm diag(beta e^gamma) K and U0 = Tm diag(beta) V, 16 rows at a time
     dt = k.dtype.element_ty
@@ -185,6 +173,15 @@ def wy_fwd_kernel(
         x3 = (load_tile(v + seq * V, t0 + 48, i_v * BV, T, V, H * V, 16, BV) * b_b3[:, None]).to(dt)
         _tri_apply(u0 + seq * V, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32, c33,
                    t0, T, H * V, i_v * BV, V, BV, PREC)
+
+
+@triton.jit
+def _store_row_of_blocks(p, x0, x1, x2, x3, row0, T, stride):
+    """Rows row0 .. row0 + 15 of a [T, 64] tile (row stride `stride`) from four 16 x 16 blocks."""
+    store_tile(p, x0, row0, 0, T, 64, stride, 16, 16)
+    store_tile(p, x1, row0, 16, T, 64, stride, 16, 16)
+    store_tile(p, x2, row0, 32, T, 64, stride, 16, 16)
+    store_tile(p, x3, row0, 48, T, 64, stride, 16, 16)
 
 
 @triton.jit

@@ -154,18 +154,9 @@ def forward_errors(case: str, fused: bool, dtype: torch.dtype) -> dict:
 def test_forward_without_gradient(case, fused):
     """o and the final state of the no-gradient forward, held as the forward with a backward
     is (test_matches_fp64_chunked: a bf16 worst row over ROW_TOL passes only as rounding)."""
-    dtype = CASES[case][6]
-    errors = forward_errors(case, fused, dtype)
+    errors = forward_errors(case, fused, CASES[case][6])
     for quantity in ("o", "final_state"):
-        whole, row = errors[quantity], errors[f"{quantity} (worst row)"]
-        assert whole < TOL[dtype], f"{case} {quantity}: {whole:.3e} >= {TOL[dtype]} (all: {errors})"
-        if row < ROW_TOL[dtype]:
-            continue
-        why = "no fp16 twin for this dtype"
-        if dtype == torch.bfloat16:
-            twin = forward_errors(case, fused, torch.float16)
-            why = rounding_verdict(row, twin[quantity], twin[f"{quantity} (worst row)"])
-        assert why is None, f"{case} {quantity} (worst row): {row:.3e} >= {ROW_TOL[dtype]}, and {why} (all: {errors})"
+        assert_quantity(case, quantity, errors, lambda: forward_errors(case, fused, torch.float16))
 
 
 def test_tf32x3_dots_hold_the_fp32_bounds():
@@ -197,16 +188,22 @@ def test_matches_fp64_chunked(case, quantity):
     errors = errors_of(case)
     if quantity not in errors:
         pytest.skip(f"{case} has no {quantity}")
+    assert_quantity(case, quantity, errors, lambda: errors_of(case, torch.float16))
+
+
+def assert_quantity(case: str, quantity: str, errors: dict, twin) -> None:
+    """One quantity of a case within TOL (whole tensor) and ROW_TOL (worst row); a bf16 worst
+    row over ROW_TOL passes only as rounding (tests/util.py ROUNDING_SHRINK), judged against
+    the errors of the same case with fp16 inputs, which twin() returns."""
     dtype = CASES[case][6]
     whole, row = errors[quantity], errors[f"{quantity} (worst row)"]
     assert whole < TOL[dtype], f"{case} {quantity}: {whole:.3e} >= {TOL[dtype]} (all: {errors})"
     if row < ROW_TOL[dtype]:
         return
-    # A bf16 worst row over ROW_TOL passes only as rounding (tests/util.py ROUNDING_SHRINK).
     why = "no fp16 twin for this dtype"
     if dtype == torch.bfloat16:
-        twin = errors_of(case, torch.float16)
-        why = rounding_verdict(row, twin[quantity], twin[f"{quantity} (worst row)"])
+        twin_errors = twin()
+        why = rounding_verdict(row, twin_errors[quantity], twin_errors[f"{quantity} (worst row)"])
     assert why is None, f"{case} {quantity} (worst row): {row:.3e} >= {ROW_TOL[dtype]}, and {why} (all: {errors})"
 
 
