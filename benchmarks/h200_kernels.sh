@@ -14,7 +14,7 @@
 # MIXERS: only these mixers of the sweeps (comma-separated; empty: all).
 # TESTS / TESTS_S: GPU test files and their limit (0: none; the default); TESTS_K: a pytest -k
 # expression among them; TESTS_N: pytest-xdist workers (its wheel carried in .whl/; they compile
-# in parallel on the device's cores); TESTS_ARGS: more pytest arguments (e.g. -x); they run
+# in parallel on the device's cores and share the GPU's memory, each test releasing its cache); TESTS_ARGS: more pytest arguments (e.g. -x); they run
 # before the sweeps, or after them with TESTS_LAST=1.
 # AB_S (0: off): first, for AB_S seconds at most, the before/after timing of the Triton kernels
 # of tree AB_BEFORE (default .abtree, an exported kernels/ with a COMMIT file) against this one's,
