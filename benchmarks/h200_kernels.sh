@@ -11,7 +11,8 @@
 # SWEEPS: sweep files, space-separated (default configs/kernels-gpu.yaml, every op beside FLA;
 # configs/kernels-launch.yaml times launch-setting variants; "none": no sweep); SWEEP_S:
 # seconds for each.
-# MIXERS: only these mixers of the sweeps (comma-separated; empty: all).
+# MIXERS: only these mixers of the sweeps (comma-separated; empty: all). FRESH=1: the committed
+# records do not count as done (time again after a kernel change).
 # TESTS / TESTS_S: GPU test files and their limit (0: none; the default); TESTS_K: a pytest -k
 # expression among them; TESTS_N: pytest-xdist workers (its wheel carried in .whl/; they compile
 # in parallel on the device's cores and share the GPU's memory, each test releasing its cache); TESTS_ARGS: more pytest arguments (e.g. -x); they run
@@ -38,8 +39,12 @@ source benchmarks/device_preamble.sh
 mkdir -p .triton_cache "$OUT/results" "$OUT/logs"
 export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1
 export GPU_ERRORS_JSON="$OUT/gpu_errors.json"
-# earlier records carried in (results/runs/kernels) count as done
-[ -d results/runs/kernels ] && mkdir -p "$OUT/results/runs" && cp -r results/runs/kernels "$OUT/results/runs/"
+# earlier records carried in (results/runs/kernels) count as done, so a cut sweep resumes; a
+# record is matched by its config, not its commit: FRESH=1 times again what the tree has
+# changed (the committed records are not carried in)
+if [ "${FRESH:-0}" = 0 ] && [ -d results/runs/kernels ]; then
+    mkdir -p "$OUT/results/runs" && cp -r results/runs/kernels "$OUT/results/runs/"
+fi
 
 # seconds a step may take: its own limit $1, cut to the call's remaining time less 10 s to pack
 limit() { local left=$(( call_end - $(date +%s) - 10 )); [ "$left" -lt "$1" ] && echo $(( left > 0 ? left : 1 )) || echo "$1"; }
