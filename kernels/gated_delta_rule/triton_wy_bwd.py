@@ -3,7 +3,8 @@
 Forward, per chunk: A = strictly-lower diag(beta) (K K^T ⊙ Gamma), Tm = (I + A)^{-1},
 W = Tm diag(f) K with f = beta 2^gamma (gamma in log2 units), U0 = Tm diag(beta) V.
 Given dW and dU0 (= dU), with gradients of gamma taken in natural-log units:
-    dTm  = dW (diag(f) K)^T + dU (diag(beta) V)^T
+    dTm  = dW (diag(f) K)^T + dU (diag(beta) V)^T = (dW K^T diag(2^gamma) + dU V^T) diag(beta)
+           (the kernel forms the second: products of the tiles as loaded, factors on the sums)
     dA   = -Tm^T dTm Tm^T, strictly lower part
     dk  += f ⊙ Tm^T dW  +  dM K  +  dM^T K,    dM = dA ⊙ beta_i Gamma_ij
     dv   = beta ⊙ Tm^T dU
@@ -57,16 +58,20 @@ def wy_bwd_kernel(
         b_kt = load_tile_t(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
         b_dw = load_tile(dw + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
         b_kk += tl.dot(b_k, b_kt, input_precision=PREC)
-        b_dtm += tl.dot(b_dw, (b_kt * b_f[None, :]).to(dt), input_precision=PREC)
+        b_dtm += tl.dot(b_dw, b_kt, input_precision=PREC)
+    # the factors of K's and V's rows scale dTm's columns: applied to the sums, not to the tiles
+    if USE_G:
+        b_dtm *= b_eg[None, :]
     b_db = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
         b_vt = load_tile_t(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
         b_du = load_tile(du + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
-        b_dtm += tl.dot(b_du, (b_vt * b_b[None, :]).to(dt), input_precision=PREC)
+        b_dtm += tl.dot(b_du, b_vt, input_precision=PREC)
         b_dvb = tl.dot(b_tmt, b_du, input_precision=PREC)
         store_tile(dv + seq * V, b_dvb * b_b[:, None], t0, i_v * BV, T, V, H * V, BT, BV)
         b_db += tl.sum(b_dvb * b_v.to(tl.float32), axis=1)
+    b_dtm *= b_b[None, :]
     b_da = -tl.dot(tl.dot(b_tmt, b_dtm.to(dt), input_precision=PREC).to(dt), b_tmt, input_precision=PREC)
     b_da = tl.where(o_r[:, None] > o_r[None, :], b_da, 0.0)
     b_gkk = causal_decay(b_kk, b_g, b_g, False, USE_G)  # Gamma ⊙ K K^T, strictly lower
@@ -82,11 +87,14 @@ def wy_bwd_kernel(
     for i_k in range(tl.cdiv(K, BK)):
         b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
         b_dwt = load_tile_t(dw + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_dtmt += tl.dot((b_k * b_f[:, None]).to(dt), b_dwt, input_precision=PREC)
+        b_dtmt += tl.dot(b_k, b_dwt, input_precision=PREC)
+    if USE_G:
+        b_dtmt *= b_eg[:, None]
     for i_v in range(tl.cdiv(V, BV)):
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
         b_dut = load_tile_t(du + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
-        b_dtmt += tl.dot((b_v * b_b[:, None]).to(dt), b_dut, input_precision=PREC)
+        b_dtmt += tl.dot(b_v, b_dut, input_precision=PREC)
+    b_dtmt *= b_b[:, None]
     b_tm = load_tile(tm + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
     b_dat = -tl.dot(tl.dot(b_tm, b_dtmt.to(dt), input_precision=PREC).to(dt), b_tm, input_precision=PREC)
     b_dat = tl.where(o_r[None, :] > o_r[:, None], b_dat, 0.0)
