@@ -138,18 +138,27 @@ def output_fwd_kernel(
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
-def _check_mean(mean: RunningMean | None, NT: int, chunk_size: int, where: str) -> None:
-    if mean is not None and mean.enter.shape[2] != NT:
+def _mean_args(mean: RunningMean | None, NT: int, chunk_size: int, where: str, stand_in: torch.Tensor):
+    """The kernels' (mv, menter, count) of `mean`, checked against NT chunks of chunk_size;
+    without one, a stand-in tensor (never read) and count 0."""
+    if mean is None:
+        return stand_in, stand_in, 0
+    if mean.enter.shape[2] != NT:
         raise ValueError(f"{where}: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
                          f"the output {NT} of {chunk_size} tokens")
+    return mean.x, mean.enter, mean.count
+
+
+def _fused_settings(launch, inference: bool):
+    """The fused state pass's settings: without a backward to come (infer_fused) or with one."""
+    return launch.infer_fused if inference else launch.fused_fwd
 
 
 def fused_output_applies(n_heads: int, gated: bool, inference: bool = False) -> bool:
     """Whether the forward runs state_fwd with the output fused for n_heads = B * H, under
     the launch settings in effect (of gated_delta_rule if gated, else delta_rule): those of
     a forward with a backward to come (fused_fwd) or without (infer_fused)."""
-    launch = delta_launch(gated)
-    cfg = launch.infer_fused if inference else launch.fused_fwd
+    cfg = _fused_settings(delta_launch(gated), inference)
     return cfg.enabled and n_heads >= cfg.min_heads
 
 
@@ -169,23 +178,22 @@ def state_fwd(
         raise ValueError("state_fwd: store_states=False needs q (the output fused): output_fwd reads h and U")
     if mean is not None and q is None:
         raise ValueError("state_fwd: a running mean is added to the output: it needs q (the output fused)")
-    _check_mean(mean, triton.cdiv(k.shape[1], chunk_size), chunk_size, "state_fwd")
     B, T, H, K = k.shape
     V = u0.shape[-1]
     NT = triton.cdiv(T, chunk_size)
+    mv, menter, count = _mean_args(mean, NT, chunk_size, "state_fwd", k)
     dev, dt = k.device, k.dtype
     h = new_buffer((B, H, NT, K, V), dt, dev) if store_states else None
     u = new_buffer((B, T, H, V), dt, dev) if store_states else None
     ht = new_buffer((B, H, K, V), torch.float32, dev) if output_final_state else None
     o = new_buffer((B, T, H, V), dt, dev) if q is not None else None
     launch = delta_launch(gam is not None)
-    cfg = launch.state_fwd if q is None else (launch.fused_fwd if store_states else launch.infer_fused)
+    cfg = launch.state_fwd if q is None else _fused_settings(launch, inference=not store_states)
     BV = sequential_block_v(V, cfg.BV, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
         h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,
-        o if o is not None else u0, mean.x if mean is not None else k, mean.enter if mean is not None else k,
-        scale, T, NT, H, mean.count if mean is not None else 0,
+        o if o is not None else u0, mv, menter, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
         STORE_STATES=store_states, HAS_MEAN=mean is not None, num_warps=warps(cfg.num_warps),
@@ -207,10 +215,9 @@ def output_fwd(
     o = new_buffer((B, T, H, V), q.dtype, q.device)
     cfg = delta_launch(gam is not None).output_fwd
     BV = block_size(V, cfg.BV)
-    _check_mean(mean, NT, chunk_size, "output_fwd")
+    mv, menter, count = _mean_args(mean, NT, chunk_size, "output_fwd", q)
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
-        q, k, u, h, gam if gam is not None else q, mean.x if mean is not None else q,
-        mean.enter if mean is not None else q, o, scale, T, NT, H, mean.count if mean is not None else 0,
+        q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
         HAS_MEAN=mean is not None, PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
         num_stages=cfg.num_stages,

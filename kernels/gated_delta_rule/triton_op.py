@@ -182,13 +182,14 @@ delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule
 
 
 def delta_rule_forward_only(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, h0: Tensor | None, scale: float,
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None, scale: float,
     output_final_state: bool, mean: RunningMean | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """ChunkDeltaRuleFunction's forward where no backward follows: it keeps nothing for one
-    (no Tm; under DeltaLaunch.infer_fused no per-chunk states or U either). h0: [B, H, K, V]
-    fp32 contiguous or None. Returns (o, final state fp32 or None)."""
+    (no Tm; under DeltaLaunch.infer_fused no per-chunk states or U either). initial_state:
+    [B, H, K, V] or None. Returns (o, final state fp32 or None)."""
     note_launch(delta_op(g is not None))
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
     gam, _, w, u0 = wy_fwd(k, v, beta, g, store_tm=False)
     if fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True):
         _, _, ht, o = state_fwd(k, w, u0, gam, h0, output_final_state, q, scale, store_states=False, mean=mean)
@@ -206,8 +207,7 @@ def delta_rule_infer(
 ) -> tuple[Tensor, Tensor]:
     """delta_rule_forward_only as a custom op (arguments as delta_rule_fwd's). Returns (o
     [B, T, H, V], the final state [B, H, K, V] fp32 or a placeholder unless output_final_state)."""
-    h0 = initial_state.float().contiguous() if initial_state is not None else None
-    o, ht = delta_rule_forward_only(q, k, v, g, beta, h0, scale, output_final_state)
+    o, ht = delta_rule_forward_only(q, k, v, g, beta, initial_state, scale, output_final_state)
     return o, or_placeholder(ht, q.device)
 
 

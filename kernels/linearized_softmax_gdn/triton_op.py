@@ -163,7 +163,6 @@ def lin_gdn_infer(
     key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, PrepOptions(count=count), cfg.prep)
     B, T, H = q.shape[:3]
     gate, beta = positional_gates(count, B, T, H, q.device)
-    h0 = h0.float().contiguous() if h0 is not None else None
     o, ht = delta_rule_forward_only(q, key, value, gate, beta, h0, scale, output_final_state,
                                     RunningMean(v, v_enter, count))
     return o, or_placeholder(ht, q.device), k_sum, v_sum

@@ -35,8 +35,7 @@ import triton.language as tl
 from kernels.common.launch import PrepLaunch, settings
 from kernels.common.triton.tiles import load_tile, store_tile
 from kernels.common.triton.utils import new_buffer, warps
-
-ENTER_CHUNK = 64  # rows per chunk of the entering sums: the delta rule's chunk, whose output kernel reads them
+from kernels.gated_delta_rule.triton_wy import CHUNK  # the delta rule's chunks, whose output reads the entering sums
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch) -> tuple[int, int
 
 
 def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_enter: bool,
-                     cfg: PrepLaunch | None = None, chunk: int = ENTER_CHUNK):
+                     cfg: PrepLaunch | None = None, chunk: int = CHUNK):
     """x: [B, T, H, D]; s0: [B, H, D] fp32 or None; cfg: launch settings (None: those in
     effect). Returns (centred [B, T, H, D] in x's dtype, the sums entering each chunk of
     `chunk` rows [B, H, cdiv(T, chunk), D] fp32 or None unless store_enter, s_final
