@@ -39,8 +39,9 @@ from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_pla
 from kernels.common.launch import decode, encode, launch_settings, note_launch
 from kernels.gated_delta_rule.triton_bwd import du_local, state_bwd
 from kernels.gated_delta_rule.triton_bwd_grad import dqkw
+from kernels.gated_delta_rule.triton_centring import Centring
 from kernels.gated_delta_rule.triton_fwd import RunningMean, fused_output_applies, output_fwd, state_fwd
-from kernels.gated_delta_rule.triton_wy import CHUNK, delta_op, wy_fwd
+from kernels.gated_delta_rule.triton_wy import CHUNK, delta_op, wy_fwd, wy_fwd_centred
 from kernels.gated_delta_rule.triton_wy_bwd import wy_bwd
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -58,13 +59,19 @@ class DeltaOptions:
 class ChunkDeltaRuleFunction(torch.autograd.Function):
     """(o, final_state) = gated delta rule (+ a running mean added to o before it is rounded,
     or None: kernels/gated_delta_rule/triton_fwd.py, RunningMean; its gradient is the
-    caller's); g None means the ungated delta rule."""
+    caller's); g None means the ungated delta rule. With `centring` (triton_centring.py) the
+    rule runs on k and v centred on their running means, formed in wy_fwd and saved for the
+    backward in place of k and v, whose gradients are then the centred ones'."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions, mean: RunningMean | None = None):
+    def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions, mean: RunningMean | None = None,
+                centring: Centring | None = None):
         ctx.launch = note_launch(delta_op(g is not None))
         h0 = initial_state.float().contiguous() if initial_state is not None else None
-        gam, tm, w, u0 = wy_fwd(k, v, beta, g)
+        if centring is None:
+            gam, tm, w, u0 = wy_fwd(k, v, beta, g)
+        else:  # the centred keys and values replace k and v from here on (and in the backward)
+            gam, tm, w, u0, k, v = wy_fwd_centred(k, v, beta, g, centring, True, True, True)
         fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None)
         h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale,
                                 mean=mean if fused else None)
@@ -183,17 +190,25 @@ delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule
 
 def delta_rule_forward_only(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None, scale: float,
-    output_final_state: bool, mean: RunningMean | None = None,
+    output_final_state: bool, mean: RunningMean | None = None, centring: Centring | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """ChunkDeltaRuleFunction's forward where no backward follows: it keeps nothing for one
     (no Tm; under DeltaLaunch.infer_fused no per-chunk states or U either). initial_state:
-    [B, H, K, V] or None. Returns (o, final state fp32 or None)."""
+    [B, H, K, V] or None; mean, centring: as ChunkDeltaRuleFunction's (centring needs a
+    mean: its count). Returns (o, final state fp32 or None)."""
+    if centring is not None and (mean is None or mean.count != centring.count):
+        raise ValueError("delta_rule_forward_only: centring needs a running mean of the same count")
     note_launch(delta_op(g is not None))
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    gam, _, w, u0 = wy_fwd(k, v, beta, g, store_tm=False)
-    if fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True):
-        _, _, ht, o = state_fwd(k, w, u0, gam, h0, output_final_state, q, scale, store_states=False, mean=mean)
+    fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True)
+    # centred keys are formed again in the fused pass, and stored for the two-kernel one
+    gam, _, w, u0, key, _ = wy_fwd_centred(k, v, beta, g, centring, False, centring is not None and not fused, False)
+    if fused:
+        k_enter = centring.k_enter if centring is not None else None
+        _, _, ht, o = state_fwd(k, w, u0, gam, h0, output_final_state, q, scale, store_states=False, mean=mean,
+                                k_enter=k_enter)
     else:
+        k = key if key is not None else k
         h, u, ht, _ = state_fwd(k, w, u0, gam, h0, output_final_state)
         del u0
         o = output_fwd(q, k, u, h, gam, scale, mean=mean)

@@ -13,12 +13,14 @@ the key is zero), and a state with count = 0 is treated as empty (its tensors ar
 Every division is by t or by max(t - 1, 1), so no value or gradient is ever inf or NaN.
 
 fp16/bf16/fp32 inputs: one pair of custom ops, lin_gdn_fwd / lin_gdn_bwd (so that
-torch.compile traces the Triton path as opaque nodes), holds the whole op. The forward runs
-the running-mean scans (keys, values, and the sums of v entering each 64-token chunk) and the
-gated delta rule's forward, whose output kernel adds vbar_t formed from v and those sums: the
-running mean is never stored whole. The backward runs the delta rule's backward (no gate or
+torch.compile traces the Triton path as opaque nodes), holds the whole op. The forward sums k
+and v per 64-token chunk (the sums entering each chunk) and runs the gated delta rule's
+forward on k and v as they are: its WY kernel centres them from those sums as it loads them
+(storing key and value for the backward), and its output kernel adds vbar_t formed from v
+and the same sums: the running mean is never stored whole. The backward runs the delta rule's backward (no gate or
 beta gradient: they come from positions) and the scans' adjoint, which reads o's cotangent in
-its own dtype as vbar's. With no gradient wanted, lin_gdn_infer stores nothing for a backward.
+its own dtype as vbar's. With no gradient wanted, lin_gdn_infer stores nothing for a backward: under the fused
+inference pass neither key nor value is ever written (the pass centres the keys again).
 fp64 inputs: the same formulas in torch (running_mean_torch), fp64 sums, key/value in fp32
 for the kernels, whose widest type is fp32, and vbar added after them in fp64.
 """
@@ -30,6 +32,7 @@ from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, op_name, or_placeholder, placeholder, present
 from kernels.common.launch import decode, encode, note_launch
+from kernels.gated_delta_rule.triton_centring import Centring
 from kernels.gated_delta_rule.triton_fwd import RunningMean
 from kernels.gated_delta_rule.triton_op import (
     ChunkDeltaRuleFunction,
@@ -40,7 +43,7 @@ from kernels.gated_delta_rule.triton_op import (
     wants_grad,
 )
 from kernels.gated_delta_rule.triton_wy import CHUNK
-from kernels.linearized_softmax_gdn.triton_prep import PrepOptions, prep_bwd, prep_fwd, running_mean_torch
+from kernels.linearized_softmax_gdn.triton_prep import prep_bwd, prep_fwd, running_mean_torch
 
 OP = "linearized_softmax_gdn"
 DELTA_OP = "gated_delta_rule"  # the launch settings its delta rule runs under
@@ -68,12 +71,13 @@ def lin_gdn_fwd(
     the last token, then what the backward reads: key, value, and the delta rule's gamma,
     Tm, W, U and per-chunk states (delta_rule_fwd's)."""
     cfg = note_launch(OP)
-    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, PrepOptions(count=count), cfg.prep)
+    k_enter, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, cfg.prep)
     B, T, H = q.shape[:3]
     gate, beta = positional_gates(count, B, T, H, q.device)
     ctx = FunctionContext()
-    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, key, value, gate, beta, h0, DeltaOptions(scale, output_final_state),
-                                           RunningMean(v, v_enter, count))
+    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, k, v, gate, beta, h0, DeltaOptions(scale, output_final_state),
+                                           RunningMean(v, v_enter, count), Centring(k_enter, v_enter, count))
+    key, value = ctx.saved_tensors[1:3]  # centred in wy_fwd_centred
     gam, tm, w, u, h = ctx.saved_tensors[4:]
     return o, or_placeholder(ht, q.device), k_sum, v_sum, key, value, gam, tm, w, u, h
 
@@ -160,11 +164,11 @@ def lin_gdn_infer(
     """lin_gdn_fwd where no backward follows (same arguments): (o, the final h or a
     placeholder, k_sum, v_sum), keeping nothing for a backward."""
     cfg = note_launch(OP)
-    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, PrepOptions(count=count), cfg.prep)
+    k_enter, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, cfg.prep)
     B, T, H = q.shape[:3]
     gate, beta = positional_gates(count, B, T, H, q.device)
-    o, ht = delta_rule_forward_only(q, key, value, gate, beta, h0, scale, output_final_state,
-                                    RunningMean(v, v_enter, count))
+    o, ht = delta_rule_forward_only(q, k, v, gate, beta, h0, scale, output_final_state,
+                                    RunningMean(v, v_enter, count), Centring(k_enter, v_enter, count))
     return o, or_placeholder(ht, q.device), k_sum, v_sum
 
 
