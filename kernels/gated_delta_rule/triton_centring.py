@@ -53,22 +53,6 @@ def centre_rows(b_x, b_carry, row0, T, count, BR: tl.constexpr):
     return tl.where((o_r < T)[:, None], b_c, 0.0), b_carry + tl.sum(b_x, axis=0)
 
 
-@triton.jit
-def centre_cols(b_xt, b_enter, row0, T, count, BR: tl.constexpr):
-    """centre_rows on a transposed tile: b_xt [BC, BR] (16-bit or fp32) holds rows row0 ..
-    row0 + BR - 1 of x as columns, b_enter [BC] the sum before row0. Returns the centred tile
-    [BC, BR] fp32. The running sum along the rows is a product with an upper-triangular
-    matrix of ones (exact products, fp32 sums): tl.cumsum along the second axis of a
-    transposed load miscompiles under Triton 3.6 on sm_90 (wrong values, or illegal
-    addresses at 32-column V-blocks)."""
-    o_r = tl.arange(0, BR)
-    b_ones = (o_r[:, None] <= o_r[None, :]).to(b_xt.dtype)
-    b_sum = tl.dot(b_xt, b_ones, input_precision="ieee") + b_enter[:, None]
-    b_inv_t = 1.0 / (count + 1 + row0 + o_r).to(tl.float32)
-    b_c = b_xt.to(tl.float32) - b_sum * b_inv_t[None, :]
-    return tl.where((row0 + o_r < T)[None, :], b_c, 0.0)
-
-
 def centring_args(centring: Centring | None, stand_in: torch.Tensor, NT: int, K: int, V: int, where: str):
     """(k_enter, v_enter, count) for a kernel launch, checked against NT chunks."""
     if centring is None:  # a stand-in, never read

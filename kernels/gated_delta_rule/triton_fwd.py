@@ -31,7 +31,6 @@ import triton.language as tl
 from kernels.common.triton.gates import causal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
-from kernels.gated_delta_rule.triton_centring import centre_cols, load_enter
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
@@ -61,10 +60,10 @@ def _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count,
 
 @triton.jit(do_not_specialize=["T", "NT", "count"])
 def state_fwd_kernel(
-    k, w, u0, u, gam, h, h0, ht, q, o, mv, menter, k_enter, scale, T, NT, H, count,
+    k, w, u0, u, gam, h, h0, ht, q, o, mv, menter, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
-    FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr, CENTRE_K: tl.constexpr,
+    FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -84,8 +83,6 @@ def state_fwd_kernel(
         if STORE_STATES:
             store_tile(u + seq * V, b_u, t0, v0, T, V, H * V, BT, BV)
         b_kt = load_tile_t(k + seq * K, t0, 0, T, K, H * K, BT, BK)
-        if CENTRE_K:  # the keys centred here, as wy_fwd centred them (triton_centring.py)
-            b_kt = centre_cols(b_kt, load_enter(k_enter, i_bh, i_t, NT, 0, K, BK), t0, T, count, BT).to(dt)
         b_g = tl.zeros([BT], dtype=tl.float32)
         if USE_G:
             b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
@@ -169,16 +166,14 @@ def state_fwd(
     k: torch.Tensor, w: torch.Tensor, u0: torch.Tensor, gam: torch.Tensor | None,
     h0: torch.Tensor | None, output_final_state: bool,
     q: torch.Tensor | None = None, scale: float = 1.0, chunk_size: int = CHUNK, store_states: bool = True,
-    mean: RunningMean | None = None, k_enter: torch.Tensor | None = None,
+    mean: RunningMean | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Returns (h [B, H, NT, K, V] states entering each chunk, U [B, T, H, V], final state
     [B, H, K, V] fp32 or None, O [B, T, H, V] or None). h0: [B, H, K, V] fp32 contiguous or
     None. With q ([B, T, H, K]) the output O = output_fwd(q, k, U, h, gam, scale) is
     computed in the same pass (plus `mean`'s running mean, as output_fwd adds it), and
     store_states=False (only with q: a forward no backward follows) leaves h and U unwritten
-    (returned as None). k_enter ([B, H, NT, K] fp32, only with a running mean and
-    store_states=False): k is raw and the pass centres it on its running mean from these
-    entering sums (triton_centring.py), as wy_fwd_centred did for W."""
+    (returned as None)."""
     if not store_states and q is None:
         raise ValueError("state_fwd: store_states=False needs q (the output fused): output_fwd reads h and U")
     if mean is not None and q is None:
@@ -187,9 +182,6 @@ def state_fwd(
     V = u0.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     mv, menter, count = _mean_args(mean, NT, chunk_size, "state_fwd", k)
-    if k_enter is not None and (mean is None or store_states or tuple(k_enter.shape[2:]) != (NT, K)):
-        raise ValueError("state_fwd: k_enter (keys centred in the pass) needs a running mean, store_states=False "
-                         f"and [B, H, {NT}, {K}] sums, got {tuple(k_enter.shape)}")
     dev, dt = k.device, k.dtype
     h = new_buffer((B, H, NT, K, V), dt, dev) if store_states else None
     u = new_buffer((B, T, H, V), dt, dev) if store_states else None
@@ -201,10 +193,10 @@ def state_fwd(
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
         h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,
-        o if o is not None else u0, mv, menter, k_enter if k_enter is not None else k, scale, T, NT, H, count,
+        o if o is not None else u0, mv, menter, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        STORE_STATES=store_states, HAS_MEAN=mean is not None, CENTRE_K=k_enter is not None, num_warps=warps(cfg.num_warps),
+        STORE_STATES=store_states, HAS_MEAN=mean is not None, num_warps=warps(cfg.num_warps),
         num_stages=cfg.stages_for(full_block(K), k.element_size()),
     )
     return h, u, ht, o

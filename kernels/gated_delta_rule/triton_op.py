@@ -194,21 +194,17 @@ def delta_rule_forward_only(
 ) -> tuple[Tensor, Tensor | None]:
     """ChunkDeltaRuleFunction's forward where no backward follows: it keeps nothing for one
     (no Tm; under DeltaLaunch.infer_fused no per-chunk states or U either). initial_state:
-    [B, H, K, V] or None; mean, centring: as ChunkDeltaRuleFunction's (centring needs a
-    mean: its count). Returns (o, final state fp32 or None)."""
-    if centring is not None and (mean is None or mean.count != centring.count):
-        raise ValueError("delta_rule_forward_only: centring needs a running mean of the same count")
+    [B, H, K, V] or None; mean, centring: as ChunkDeltaRuleFunction's. Returns (o, final
+    state fp32 or None)."""
     note_launch(delta_op(g is not None))
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True)
-    # centred keys are formed again in the fused pass, and stored for the two-kernel one
-    gam, _, w, u0, key, _ = wy_fwd_centred(k, v, beta, g, centring, False, centring is not None and not fused, False)
-    if fused:
-        k_enter = centring.k_enter if centring is not None else None
-        _, _, ht, o = state_fwd(k, w, u0, gam, h0, output_final_state, q, scale, store_states=False, mean=mean,
-                                k_enter=k_enter)
+    # centred keys are stored for the state pass (forming them again there, from the entering
+    # sums, miscompiles on sm_90 under Triton 3.6: wrong values and illegal addresses)
+    gam, _, w, u0, key, _ = wy_fwd_centred(k, v, beta, g, centring, False, centring is not None, False)
+    k = key if key is not None else k
+    if fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True):
+        _, _, ht, o = state_fwd(k, w, u0, gam, h0, output_final_state, q, scale, store_states=False, mean=mean)
     else:
-        k = key if key is not None else k
         h, u, ht, _ = state_fwd(k, w, u0, gam, h0, output_final_state)
         del u0
         o = output_fwd(q, k, u, h, gam, scale, mean=mean)

@@ -19,8 +19,8 @@ forward on k and v as they are: its WY kernel centres them from those sums as it
 (storing key and value for the backward), and its output kernel adds vbar_t formed from v
 and the same sums: the running mean is never stored whole. The backward runs the delta rule's backward (no gate or
 beta gradient: they come from positions) and the scans' adjoint, which reads o's cotangent in
-its own dtype as vbar's. With no gradient wanted, lin_gdn_infer stores nothing for a backward: under the fused
-inference pass neither key nor value is ever written (the pass centres the keys again).
+its own dtype as vbar's. With no gradient wanted, lin_gdn_infer stores nothing for a backward: value is never
+written, key once (by the WY kernel, for the state pass).
 fp64 inputs: the same formulas in torch (running_mean_torch), fp64 sums, key/value in fp32
 for the kernels, whose widest type is fp32, and vbar added after them in fp64.
 """

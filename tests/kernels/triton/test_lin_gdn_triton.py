@@ -21,9 +21,9 @@ lin = pytest.importorskip("kernels.linearized_softmax_gdn")
 if not hasattr(lin, "LinGDNState"):
     pytest.skip("kernels.linearized_softmax_gdn (LinGDNState) is not written yet", allow_module_level=True)
 
-from kernels.linearized_softmax_gdn import triton_prep  # noqa: E402
 from kernels.gated_delta_rule.triton_centring import Centring  # noqa: E402
 from kernels.gated_delta_rule.triton_wy import wy_fwd_centred  # noqa: E402
+from kernels.linearized_softmax_gdn import triton_prep  # noqa: E402
 from kernels.linearized_softmax_gdn.triton_op import linearized_softmax_gdn_triton, positional_gates  # noqa: E402
 
 LinGDNState = lin.LinGDNState
