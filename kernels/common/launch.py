@@ -380,6 +380,10 @@ class LinGdnLaunch:
     gated_delta_rule kernels under that op's settings."""
 
     prep: PrepLaunch = PrepLaunch(max_BD=64, min_BD=16, tile_elems=4096, min_programs=512, num_warps=4, num_stages=3)
+    # keys and values centred inside the delta rule's WY kernel from per-chunk sums
+    # (triton_prep.prep_sums_fwd) rather than by the running-mean scans; off until its GPU
+    # tests (tests/gpu/test_lin_gdn_gpu.py) have passed on it
+    centre_in_wy: bool = False
 
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType({

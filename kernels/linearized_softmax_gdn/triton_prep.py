@@ -10,11 +10,17 @@ The value identity holds because (1 - 1/t) / (t - 1) = 1/t (for t >= 2; at t = 1
 empty and both sides are 0), so keys and values are the same "centred" map x_t - S_t / t and
 one kernel serves both. Every division is by t >= 1: nothing is ever inf or NaN.
 
-Forward (`prep_fwd`): only the sums entering each 64-token chunk (chunks summed in parallel,
-their sums scanned): the delta rule's kernels form key and value from k, v and those sums as
-they load them (kernels/gated_delta_rule/triton_centring.py; wy_fwd_centred stores them where
-a later kernel or the backward reads them), and the output adds the running mean of v formed the same way, so
-neither is read from or written to memory by a separate pass.
+Forward, two forms (LinGdnLaunch.centre_in_wy picks one):
+  prep_fwd, the scans (`running_mean_fwd`): one program per (sequence = batch x head, feature
+  block) walks T in chunks of BT rows, tl.cumsum inside the chunk plus an fp32 carry of the
+  sum so far, and writes key and value whole. The running mean of v, which the output adds,
+  is not stored: the scan of v stores the sum entering each 64-token chunk, and the delta
+  rule's output kernel forms v_bar from it and v.
+  prep_sums_fwd: only the sums entering each 64-token chunk (chunks summed in parallel, their
+  sums scanned); the delta rule's WY kernel forms key and value from k, v and those sums as it
+  loads them (kernels/gated_delta_rule/triton_centring.py) and stores them once, for the
+  state pass and the backward: k and v are read once, and no separate pass writes the
+  centred tensors and reads them back.
 Backward (`running_mean_bwd`): the adjoint is the reverse scan. With c_t = x_t - S_t/t and
 m_t = S_t/t, the cotangent of S_t is r_t = (dm_t - dc_t) / t (+ dS_T at t = T), so
     dx_j = dc_j + sum_{t >= j} r_t,      ds0 = sum_t r_t + dS_T,
@@ -43,6 +49,36 @@ def _load_carry(ptr, i_bh, o_d, m_d, D: tl.constexpr, BD: tl.constexpr, PRESENT:
     if PRESENT:
         return tl.load(ptr + i_bh * D + o_d, mask=m_d, other=0.0).to(tl.float32)
     return tl.zeros([BD], dtype=tl.float32)
+
+
+@triton.jit
+def running_mean_fwd_kernel(
+    x, s0, centred, enter, s_final, count, T, NC,
+    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, CHUNK: tl.constexpr,
+    HAS_S0: tl.constexpr, STORE_ENTER: tl.constexpr,
+):
+    """x, centred: [B, T, H, D]; s0, s_final: [B, H, D] fp32; enter: [B, H, NC, D] fp32, the
+    sum entering each CHUNK-row chunk (s0 plus every row before it). Grid (cdiv(D, BD), B*H)."""
+    i_d, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    # element offset of row 0 of this sequence in a [B, T, H, D] tensor
+    seq = (i_b.to(tl.int64) * T * H + i_h) * D
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    b_carry = _load_carry(s0, i_bh, o_d, m_d, D, BD, HAS_S0)
+    for i_t in range(tl.cdiv(T, BT)):
+        o_t = i_t * BT + tl.arange(0, BT)
+        # 1/t at absolute positions; rows past T are masked out on store
+        b_inv_t = 1.0 / (count + 1 + o_t).to(tl.float32)
+        b_x = load_tile(x + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
+        b_sum = tl.cumsum(b_x, axis=0) + b_carry[None, :]
+        store_tile(centred + seq, b_x - b_sum * b_inv_t[:, None], i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+        if STORE_ENTER:  # the rows that open a chunk: the sum before them
+            p_enter = enter + (i_bh.to(tl.int64) * NC + o_t // CHUNK)[:, None] * D + o_d[None, :]
+            m_open = ((o_t % CHUNK == 0) & (o_t < T))[:, None] & m_d[None, :]
+            tl.store(p_enter, b_sum - b_x, mask=m_open)
+        b_carry += tl.sum(b_x, axis=0)  # masked rows loaded as 0
+    tl.store(s_final + i_bh * D + o_d, b_carry, mask=m_d)
 
 
 @triton.jit(do_not_specialize=["T", "NC"])
@@ -109,6 +145,30 @@ def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch) -> tuple[int, int
     return bt, bd
 
 
+def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_enter: bool,
+                     cfg: PrepLaunch | None = None, chunk: int = CHUNK):
+    """x: [B, T, H, D]; s0: [B, H, D] fp32 or None; cfg: launch settings (None: those in
+    effect). Returns (centred [B, T, H, D] in x's dtype, the sums entering each chunk of
+    `chunk` rows [B, H, cdiv(T, chunk), D] fp32 or None unless store_enter, s_final
+    [B, H, D] fp32). With those sums a chunk's running mean is
+    (enter + the chunk's own cumulative sum) / t, never stored whole."""
+    B, T, H, D = x.shape
+    x = x.contiguous()
+    s0 = s0.float().contiguous() if s0 is not None else None
+    centred = new_buffer((B, T, H, D), x.dtype, x.device)
+    NC = triton.cdiv(T, chunk)
+    enter = new_buffer((B, H, NC, D), torch.float32, x.device) if store_enter else None
+    s_final = new_buffer((B, H, D), torch.float32, x.device)
+    cfg = cfg or prep_launch()
+    bt, bd = launch_blocks(B * H, D, T, cfg)
+    running_mean_fwd_kernel[(triton.cdiv(D, bd), B * H)](
+        x, s0, centred, enter, s_final, count, T, NC, H=H, D=D, BT=bt, BD=bd, CHUNK=chunk,
+        HAS_S0=s0 is not None, STORE_ENTER=store_enter,
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+    )
+    return centred, enter, s_final
+
+
 def entering_sums(x: torch.Tensor, s0: torch.Tensor | None, cfg: PrepLaunch | None = None, chunk: int = CHUNK):
     """x: [B, T, H, D]; s0: [B, H, D] fp32 or None (zero). Returns (enter [B, H, cdiv(T,
     chunk), D] fp32, the sum entering each chunk of `chunk` rows: s0 plus every row before
@@ -150,13 +210,25 @@ def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has
 
 
 def prep_fwd(k: torch.Tensor, v: torch.Tensor, k_sum0: torch.Tensor | None, v_sum0: torch.Tensor | None,
-             cfg: PrepLaunch):
-    """(k, v, k_sum0, v_sum0) -> (k_enter, v_enter, k_sum_T, v_sum_T), all fp32: the sums of k
-    and of v entering each 64-token chunk ([B, H, cdiv(T, 64), K] and [..., V]), from which
-    the delta rule's kernels centre keys and values and form the running mean of v
-    (kernels/gated_delta_rule/triton_centring.py), and the sums after the last token.
-    k: [B, T, H, K], v: [B, T, H, V] in fp16/bf16/fp32; k_sum0 [B, H, K] and v_sum0 [B, H, V]
-    fp32, both None for an empty state."""
+             count: int, cfg: PrepLaunch):
+    """The running-mean scans: (k, v, k_sum0, v_sum0) -> (key, value, v_enter, k_sum_T,
+    v_sum_T) of the module docstring. k: [B, T, H, K], v: [B, T, H, V] in fp16/bf16/fp32;
+    k_sum0 [B, H, K] and v_sum0 [B, H, V] fp32, both None for an empty state (count = 0).
+    key, value come in k's dtype, the sums in fp32: v_enter [B, H, cdiv(T, 64), V] the sums
+    of v entering each 64-token chunk, from which the delta rule's output kernel adds the
+    running mean of v to o."""
+    key, _, k_sum = running_mean_fwd(k, k_sum0, count, store_enter=False, cfg=cfg)
+    value, v_enter, v_sum = running_mean_fwd(v, v_sum0, count, store_enter=True, cfg=cfg)
+    return key, value, v_enter, k_sum, v_sum
+
+
+def prep_sums_fwd(k: torch.Tensor, v: torch.Tensor, k_sum0: torch.Tensor | None, v_sum0: torch.Tensor | None,
+                  cfg: PrepLaunch):
+    """The sums alone, for keys and values centred in the delta rule's WY kernel
+    (LinGdnLaunch.centre_in_wy): (k, v, k_sum0, v_sum0) -> (k_enter, v_enter, k_sum_T, v_sum_T),
+    all fp32: the sums of k and of v entering each 64-token chunk ([B, H, cdiv(T, 64), K] and
+    [..., V]; kernels/gated_delta_rule/triton_centring.py) and the sums after the last token.
+    Arguments as prep_fwd's."""
     k_enter, k_sum = entering_sums(k, k_sum0, cfg)
     v_enter, v_sum = entering_sums(v, v_sum0, cfg)
     return k_enter, v_enter, k_sum, v_sum

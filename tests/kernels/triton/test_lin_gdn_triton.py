@@ -121,6 +121,15 @@ def test_fused_state_output_fp32(launch, count):
     run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
 
 
+@pytest.mark.parametrize(("T", "count", "fused"), [(1, 0, False), (63, 5, False), (130, 0, True), (100, 9, True)])
+def test_centre_in_wy_fp32(launch, T, count, fused):
+    """Keys and values centred in the WY kernel (LinGdnLaunch.centre_in_wy), with the output
+    in its own kernel or fused into the state pass: outputs, final state and every gradient."""
+    launch(linearized_softmax_gdn={"centre_in_wy": True}, gated_delta_rule={"fused_fwd": {"enabled": fused,
+                                                                                          "min_heads": 1}})
+    run_case(1, T, 2, 32, 16, count, torch.float32, seed=30 + T)
+
+
 def test_fp64_inputs_torch_preprocessing():
     """fp64 inputs: torch preprocessing in fp64, kernels in fp32, fp64 outputs and state."""
     run_case(1, 63, 1, 16, 16, 4, torch.float64, seed=13)
@@ -220,18 +229,18 @@ def entering_sums(v, v_sum0, chunk=64):
 
 
 def centred_keys_values(k, v, k_sum0, v_sum0, count, cfg):
-    """prep_fwd's entering sums (launch settings cfg), then the delta rule's WY kernel
-    centring k and v from them (wy_fwd_centred, storing both): (key, value, v_enter, k_sum,
-    v_sum)."""
-    k_enter, v_enter, k_sum, v_sum = triton_prep.prep_fwd(k, v, k_sum0, v_sum0, cfg)
+    """The centre_in_wy form of the forward: prep_sums_fwd's entering sums (launch settings
+    cfg), then the delta rule's WY kernel centring k and v from them (wy_fwd_centred, storing
+    both): (key, value, v_enter, k_sum, v_sum), as prep_fwd returns them."""
+    k_enter, v_enter, k_sum, v_sum = triton_prep.prep_sums_fwd(k, v, k_sum0, v_sum0, cfg)
     B, T, H = k.shape[:3]
     gate, beta = positional_gates(count, B, T, H, k.device)
     *_, key, value = wy_fwd_centred(k, v, beta, gate, Centring(k_enter, v_enter, count), False, True, True)
     return key, value, v_enter, k_sum, v_sum
 
 
-def run_prep(leaves, count, dtype, cfg, seed=99):
-    """The forward's centring (centred_keys_values) and prep_bwd (launch settings cfg)
+def run_prep(leaves, count, dtype, cfg, seed=99, centre_in_wy=False):
+    """The forward's centring (prep_fwd, or centred_keys_values where centre_in_wy) and prep_bwd (launch settings cfg)
     against running_means_loop in fp64 on leaves k, v (and, with count, k_sum0, v_sum0): key,
     value, the entering sums of v (the loop's inputs give theirs) and the final sums; then the
     gradients of k, v and the state's sums for random cotangents of key, value, v_bar and the
@@ -239,7 +248,8 @@ def run_prep(leaves, count, dtype, cfg, seed=99):
     leaves[:2] = [x.to(dtype) for x in leaves[:2]]
     ref = [x.double().requires_grad_(True) for x in leaves]
     sums, sums_ref = (leaves[2:], ref[2:]) if count else ([None, None], [None, None])
-    key, value, v_enter, k_sum, v_sum = centred_keys_values(*leaves[:2], *sums, count, cfg)
+    prep = centred_keys_values if centre_in_wy else triton_prep.prep_fwd
+    key, value, v_enter, k_sum, v_sum = prep(*leaves[:2], *sums, count, cfg)
     out_ref = running_means_loop(*ref[:2], *sums_ref, count)
     assert [x.dtype for x in (key, value, v_enter, k_sum, v_sum)] == [dtype, dtype] + [torch.float32] * 3
     enter_ref = entering_sums(ref[1].detach(), sums_ref[1].detach() if count else None)
@@ -265,13 +275,16 @@ def run_prep(leaves, count, dtype, cfg, seed=99):
     (200, 16, 16, 5, 8192, torch.float32),  # a tile of 256 rows opens four chunks
     (70, 80, 72, 2, 4096, torch.float32),  # the WY kernel's feature slices: two, the second partial
 ])
-def test_prep_matches_loop(launch, T, K, V, count, tile_elems, dtype):
-    """The forward's centring and prep_bwd against running_means_loop: outputs and gradients."""
+@pytest.mark.parametrize("centre_in_wy", [False, True], ids=["scans", "centre_in_wy"])
+def test_prep_matches_loop(launch, T, K, V, count, tile_elems, dtype, centre_in_wy):
+    """The forward's centring (either form) and prep_bwd against running_means_loop: outputs
+    and gradients."""
     from kernels.common.launch import settings
 
     launch(linearized_softmax_gdn={"prep": {"tile_elems": tile_elems}})
     leaves = prep_leaves(2, T, 2, K, V, count, seed=T + count)
-    out, grads, out_ref, grads_ref = run_prep(leaves, count, dtype, settings("linearized_softmax_gdn").prep)
+    out, grads, out_ref, grads_ref = run_prep(leaves, count, dtype, settings("linearized_softmax_gdn").prep,
+                                              centre_in_wy=centre_in_wy)
     if T == 1 and not count:  # t = 1 of an empty state: key and value exactly zero
         assert not out[0].any() and not out[1].any()
     assert_prep_within(prep_errors(out, grads, out_ref, grads_ref), TOL[dtype], ROW_TOL[dtype])
