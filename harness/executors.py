@@ -86,9 +86,37 @@ def run_job(job: Job, results: Path | None = None, wandb: bool = True, progress:
     task = get_task(job.task)
     spec = RunSpec(job.mixer, task, job.preset, task.Config.model_validate(job.config), torch.device(job.device_type), job.seed)
     record, path = execute(spec, Path(results or job.results), Tracker(enabled=wandb), progress)
+    outcome = Outcome(job.key, record.status, str(path), record.error, record.duration_s, where)
     if record.status != "ok" and job.device_type == "cuda":
-        torch.cuda.empty_cache()  # after an OOM, give the next run the memory back
-    return Outcome(job.key, record.status, str(path), record.error, record.duration_s, where)
+        release_gpu_after_failure(job, outcome)
+    return outcome
+
+
+class GpuContextLost(ExecutorError):
+    """A run's CUDA error left this process's GPU unusable; `outcome` is that run's (failed,
+    recorded)."""
+
+    def __init__(self, message: str, outcome: Outcome):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+def release_gpu_after_failure(job: Job, outcome: Outcome) -> None:
+    """After a failed run: give the next run the GPU memory back (an OOM). A sticky CUDA
+    error (an illegal address, a device-side assert) leaves this process's CUDA context
+    unusable, so no later run could start in it: GpuContextLost says so and how to go on."""
+    import torch
+
+    from tasks.common.faults import describe
+
+    try:
+        torch.cuda.empty_cache()
+    except torch.AcceleratorError as e:
+        raise GpuContextLost(
+            f"{job.mixer} · {job.task}/{job.preset} hit a CUDA error that leaves this process's GPU unusable "
+            f"({describe(e, 120)}); its failed record is {outcome.record}. The runs not yet started were not: run "
+            "the same command again to go on in a fresh process (finished runs count as done)", outcome
+        ) from e
 
 
 def write_crash_record(job: Job, error: str, device: str, since: float) -> Outcome:
@@ -179,7 +207,13 @@ def worker_main() -> None:
     label = os.environ.get("HARNESS_WORKER_LABEL", "worker")
     for line in sys.stdin:
         job = Job(**json.loads(line))
-        out.write(json.dumps({"outcome": asdict(run_job(job, wandb=wandb, where=label))}) + "\n")
+        try:
+            outcome = run_job(job, wandb=wandb, where=label)
+        except GpuContextLost as e:  # report the run, then end: the pool starts a fresh worker for the next
+            out.write(json.dumps({"outcome": asdict(e.outcome)}) + "\n")
+            print(f"worker {label}: {e}", file=sys.stderr)
+            return
+        out.write(json.dumps({"outcome": asdict(outcome)}) + "\n")
 
 
 class _Worker:

@@ -247,6 +247,24 @@ def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     assert len(recs) == 6 and sum(r["status"] == "ok" for r in recs) == 3
 
 
+def test_a_lost_cuda_context_stops_the_sweep_with_a_clear_error(tmp_path, monkeypatch):
+    """A sticky CUDA error (here emptying the cache raises, as after an illegal address)
+    ends the in-process sweep with an ExecutorError naming the run, its record and how to
+    resume, not a traceback."""
+    from harness.executors import GpuContextLost, Job, Outcome, release_gpu_after_failure
+
+    def lost(*_):
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lost)
+    job = Job(config_hash="h", mixer="lin_gdn", task="kernels", preset="gpu", config={}, seed=0,
+              device_type="cuda", results=str(tmp_path))
+    outcome = Outcome(job.key, "failed", str(tmp_path / "rec.json"), "AcceleratorError", 1.0, "this process")
+    with pytest.raises(GpuContextLost, match=r"lin_gdn · kernels/gpu .*illegal memory access.*rec\.json.*run the same") as e:
+        release_gpu_after_failure(job, outcome)
+    assert e.value.outcome == outcome  # a pool worker reports the run before it ends
+
+
 def test_worker_that_dies_mid_run_gets_a_failed_record(tmp_path, nap):
     grid = SweepFile(mixers=["gdn"], grid=[{"tasks": ["nap"], "set": {"crash": True}}, {"tasks": ["nap"]}])
     plan, res = expand(grid, "cpu"), tmp_path / "res"
