@@ -1,6 +1,6 @@
 """Keys and values centred on their running means inside the delta rule's kernels (the
-linearized softmax GDN's preprocessing, docs/design.md §7), so that neither is written to
-memory before the kernels read it.
+linearized softmax GDN's preprocessing, docs/design.md §7): the WY kernel centres the rows
+of k and v it loads, so no separate pass writes the centred tensors and reads them back.
 
 At 0-based token i of a sequence, in chunk n = i // 64, with x_i a key or value row:
     centred_i = x_i - (enter[n] + x_{64 n} + ... + x_i) / (count + i + 1)

@@ -60,7 +60,7 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
     """(o, final_state) = gated delta rule (+ a running mean added to o before it is rounded,
     or None: kernels/gated_delta_rule/triton_fwd.py, RunningMean; its gradient is the
     caller's); g None means the ungated delta rule. With `centring` (triton_centring.py) the
-    rule runs on k and v centred on their running means, formed in wy_fwd and saved for the
+    rule runs on k and v centred on their running means, formed in wy_fwd_centred and saved for the
     backward in place of k and v, whose gradients are then the centred ones'."""
 
     @staticmethod
@@ -198,8 +198,8 @@ def delta_rule_forward_only(
     state fp32 or None)."""
     note_launch(delta_op(g is not None))
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    # centred keys are stored for the state pass (forming them again there, from the entering
-    # sums, miscompiles on sm_90 under Triton 3.6: wrong values and illegal addresses)
+    # centred keys are stored for the state pass: centring them again inside the fused pass
+    # gives wrong values and illegal addresses on sm_90 under Triton 3.6 (docs/results.md)
     gam, _, w, u0, key, _ = wy_fwd_centred(k, v, beta, g, centring, False, centring is not None, False)
     k = key if key is not None else k
     if fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True):

@@ -13,7 +13,9 @@ The chunk length BT is a constexpr, but this kernel's solve is written for BT = 
 static assertion says so): the chunk is handled as four 16-row sub-blocks: A and Tm live in registers as ten 16 x 16
 blocks, so no 64 x 64 tile is ever sliced or sent through memory before W and U0 are made.
 Tm, W and U0 are stored in the input dtype (the dtype of the products that read them).
-USE_G=False is the ungated delta rule (g is not read, gamma not written).
+USE_G=False is the ungated delta rule (g is not read, gamma not written). With CENTRE
+(wy_fwd_centred) the rows of k and v are centred on their running means as they are loaded
+(triton_centring.py), and stored where a later kernel or the backward reads them.
 """
 
 from __future__ import annotations

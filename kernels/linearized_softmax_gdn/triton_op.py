@@ -18,10 +18,10 @@ the running-mean scans (keys, values, and the sums of v entering each 64-token c
 under LinGdnLaunch.centre_in_wy, only the sums of k and v entering each chunk, from which the
 delta rule's WY kernel centres k and v as it loads them) and the gated delta rule's forward,
 whose output kernel adds vbar_t formed from v and those sums: the running mean is never
-stored whole. The backward runs the delta rule's backward (no gate or
-beta gradient: they come from positions) and the scans' adjoint, which reads o's cotangent in
-its own dtype as vbar's. With no gradient wanted, lin_gdn_infer stores nothing for a backward (under centre_in_wy
-value is never written, key once, by the WY kernel, for the state pass).
+stored whole. The backward runs the delta rule's backward (no gate or beta gradient: they
+come from positions) and the scans' adjoint, which reads o's cotangent in its own dtype as
+vbar's. With no gradient wanted, lin_gdn_infer stores nothing for a backward (under
+centre_in_wy value is never written, key once, by the WY kernel, for the state pass).
 fp64 inputs: the same formulas in torch (running_mean_torch), fp64 sums, key/value in fp32
 for the kernels, whose widest type is fp32, and vbar added after them in fp64.
 """
