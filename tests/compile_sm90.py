@@ -212,6 +212,8 @@ def run_ops() -> None:
          ["delta_rule", "gated_delta_rule"]),
         *[(f"cg_operands={operands}", {"mesa": {"fwd_solve": {"operands": operands}, "bwd_solve": {"operands": operands}}},
            ["mesa"]) for operands in ("fp32", "fp16_normed")],
+        ("keys and values centred in the WY kernel", {"linearized_softmax_gdn": {"centre_in_wy": True}},
+         ["linearized_softmax_gdn", "linearized_softmax_gdn with a state"]),
         ("mesa state passes 128 x 32, 8 warps, 3 stages",
          {"mesa": {"states": {"max_BK": 128, "max_BD": 32, "num_warps": 8, "num_stages": 3}}}, ["mesa"]),
     ]

@@ -384,6 +384,10 @@ class LinGdnLaunch:
     # (triton_prep.prep_sums_fwd) rather than by the running-mean scans; off until its GPU
     # tests (tests/gpu/test_lin_gdn_gpu.py) have passed on it
     centre_in_wy: bool = False
+    # the WY kernel's settings when it centres (gated_delta_rule's wy_fwd otherwise): its fp32
+    # tiles spill 5,992 B a thread at gated_delta_rule's BK 64, 2 warps, K = 128, and 208 B
+    # here (benchmarks/spill_screen.py's compile, Triton 3.9; untimed)
+    wy_centred: WyFwdLaunch = WyFwdLaunch(BK=32, BV=32, num_warps=4, num_stages=2, tf32_solve=True)
 
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType({

@@ -17,15 +17,19 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.launch import WyFwdLaunch
+
 
 @dataclass(frozen=True)
 class Centring:
     """k_enter [B, H, cdiv(T, 64), K], v_enter [B, H, cdiv(T, 64), V] fp32 contiguous: the
-    sums entering each 64-token chunk; count: tokens before the first (the state's)."""
+    sums entering each 64-token chunk; count: tokens before the first (the state's); launch:
+    the WY kernel's settings while it centres (its fp32 tiles want narrower blocks)."""
 
     k_enter: torch.Tensor
     v_enter: torch.Tensor
     count: int
+    launch: WyFwdLaunch
 
     def check(self, NT: int, K: int, V: int, where: str) -> None:
         """A ValueError unless the entering sums match NT chunks of K- and V-wide rows."""

@@ -264,7 +264,7 @@ def wy_fwd_centred(
     u0 = new_buffer((B, T, H, V), dt, dev)
     key = new_buffer((B, T, H, K), dt, dev) if store_key else None
     value = new_buffer((B, T, H, V), dt, dev) if store_value else None
-    cfg = delta_launch(g is not None).wy_fwd
+    cfg = centring.launch if centring is not None else delta_launch(g is not None).wy_fwd
     wy_fwd_kernel[(NT, B * H)](
         k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm if store_tm else w, w, u0,
         k_enter, v_enter, key if store_key else w, value if store_value else u0, T, NT, H, count,

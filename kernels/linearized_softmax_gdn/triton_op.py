@@ -68,7 +68,7 @@ def _prepare(k: Tensor, v: Tensor, k_sum0: Tensor | None, v_sum0: Tensor | None,
     cfg = note_launch(OP)
     if cfg.centre_in_wy:
         k_enter, v_enter, k_sum, v_sum = prep_sums_fwd(k, v, k_sum0, v_sum0, cfg.prep)
-        return k, v, RunningMean(v, v_enter, count), Centring(k_enter, v_enter, count), k_sum, v_sum
+        return k, v, RunningMean(v, v_enter, count), Centring(k_enter, v_enter, count, cfg.wy_centred), k_sum, v_sum
     key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, count, cfg.prep)
     return key, value, RunningMean(v, v_enter, count), None, k_sum, v_sum
 

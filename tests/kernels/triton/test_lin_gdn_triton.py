@@ -21,6 +21,7 @@ lin = pytest.importorskip("kernels.linearized_softmax_gdn")
 if not hasattr(lin, "LinGDNState"):
     pytest.skip("kernels.linearized_softmax_gdn (LinGDNState) is not written yet", allow_module_level=True)
 
+from kernels.common.launch import settings  # noqa: E402
 from kernels.gated_delta_rule.triton_centring import Centring  # noqa: E402
 from kernels.gated_delta_rule.triton_wy import wy_fwd_centred  # noqa: E402
 from kernels.linearized_softmax_gdn import triton_prep  # noqa: E402
@@ -235,16 +236,18 @@ def centred_keys_values(k, v, k_sum0, v_sum0, count, cfg):
     k_enter, v_enter, k_sum, v_sum = triton_prep.prep_sums_fwd(k, v, k_sum0, v_sum0, cfg)
     B, T, H = k.shape[:3]
     gate, beta = positional_gates(count, B, T, H, k.device)
-    *_, key, value = wy_fwd_centred(k, v, beta, gate, Centring(k_enter, v_enter, count), False, True, True)
+    centring = Centring(k_enter, v_enter, count, settings("linearized_softmax_gdn").wy_centred)
+    *_, key, value = wy_fwd_centred(k, v, beta, gate, centring, False, True, True)
     return key, value, v_enter, k_sum, v_sum
 
 
 def run_prep(leaves, count, dtype, cfg, seed=99, centre_in_wy=False):
-    """The forward's centring (prep_fwd, or centred_keys_values where centre_in_wy) and prep_bwd (launch settings cfg)
-    against running_means_loop in fp64 on leaves k, v (and, with count, k_sum0, v_sum0): key,
-    value, the entering sums of v (the loop's inputs give theirs) and the final sums; then the
-    gradients of k, v and the state's sums for random cotangents of key, value, v_bar and the
-    final sums. Returns (outputs, gradients, reference outputs, reference gradients)."""
+    """The forward's centring (prep_fwd, or centred_keys_values where centre_in_wy) and
+    prep_bwd (launch settings cfg) against running_means_loop in fp64 on leaves k, v (and,
+    with count, k_sum0, v_sum0): key, value, the entering sums of v (the loop's inputs give
+    theirs) and the final sums; then the gradients of k, v and the state's sums for random
+    cotangents of key, value, v_bar and the final sums. Returns (outputs, gradients,
+    reference outputs, reference gradients)."""
     leaves[:2] = [x.to(dtype) for x in leaves[:2]]
     ref = [x.double().requires_grad_(True) for x in leaves]
     sums, sums_ref = (leaves[2:], ref[2:]) if count else ([None, None], [None, None])
@@ -279,8 +282,6 @@ def run_prep(leaves, count, dtype, cfg, seed=99, centre_in_wy=False):
 def test_prep_matches_loop(launch, T, K, V, count, tile_elems, dtype, centre_in_wy):
     """The forward's centring (either form) and prep_bwd against running_means_loop: outputs
     and gradients."""
-    from kernels.common.launch import settings
-
     launch(linearized_softmax_gdn={"prep": {"tile_elems": tile_elems}})
     leaves = prep_leaves(2, T, 2, K, V, count, seed=T + count)
     out, grads, out_ref, grads_ref = run_prep(leaves, count, dtype, settings("linearized_softmax_gdn").prep,
