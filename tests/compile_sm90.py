@@ -6,7 +6,8 @@ installed Triton cannot compile passes every interpreter test (it happened: a co
 a compile-only stand-in: each launch's arguments give the kernel's signature and constexprs,
 and triton.compile builds PTX for sm_90 from them; nothing runs, the outputs are garbage.
 Each op runs forward and backward once at K = V = 128 (the GPU tiles) in bf16, then again
-with each launch option that is off by default.
+with each launch option that is off by default; the delta rules also run their forward with
+no gradient wanted (the inference kernels), fused and not.
 
     python tests/compile_sm90.py          # TRITON_INTERPRET must be unset; exit 1 on a failure
     python tests/compile_sm90.py --resources   # also registers and spill stack of each kernel
@@ -222,6 +223,19 @@ def run_ops() -> None:
             for name in names:
                 print(f"compile_sm90: {name} with {label}", flush=True)
                 backward(calls[name]())
+    # the forwards where no gradient is wanted (inference): the delta rules' state pass with
+    # the output fused (infer_fused; on from 32 sequences of heads, forced on here) and not
+    fused_infer = {"infer_fused": {"enabled": True, "min_heads": 1}}
+    delta_names = [n for n in calls if n.split(" ")[0] in ("delta_rule", "gated_delta_rule", "linearized_softmax_gdn")]
+    for label, over in (("fused", {"delta_rule": fused_infer, "gated_delta_rule": fused_infer}), ("two kernels", {}),
+                        ("fused, keys centred in the WY kernel", {"gated_delta_rule": fused_infer,
+                                                                  "linearized_softmax_gdn": {"centre_in_wy": True}})):
+        with launch_settings(**over), torch.no_grad():
+            for name in delta_names:
+                if "centred" in label and not name.startswith("linearized_softmax_gdn"):
+                    continue
+                print(f"compile_sm90: {name} without a gradient, {label}", flush=True)
+                calls[name]()
     # the fused one-token decode step: every gate kind, with and without the delta rule
     from kernels.common.triton.step import fused_step
 
