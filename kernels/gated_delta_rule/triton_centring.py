@@ -7,6 +7,8 @@ At 0-based token i of a sequence, in chunk n = i // 64, with x_i a key or value 
 where enter[n] is the sum of every row before the chunk plus the state's own sum (count
 tokens). The chunk's own cumulative sum is formed in the kernel (tl.cumsum, fp32) from the
 tile it loads anyway; rows past T are zero, as the materialised tensor would load them.
+`running_mean` is the arithmetic both this centring and the output's running mean of v
+(triton_fwd.RunningMean) use.
 """
 
 from __future__ import annotations
@@ -47,14 +49,21 @@ def load_enter(enter, i_bh, i_t, NT, col0, D: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
+def running_mean(b_x, b_before, row0, count, BR: tl.constexpr):
+    """b_x: rows row0 .. row0 + BR - 1 of x ([BR, BC] fp32); b_before [BC] fp32: the sum of
+    every row before row0. Returns their running means [BR, BC] fp32, row i's
+    (b_before + x_row0 + ... + x_i) / (count + i + 1)."""
+    b_inv_t = 1.0 / (count + 1 + row0 + tl.arange(0, BR)).to(tl.float32)
+    return (tl.cumsum(b_x, axis=0) + b_before[None, :]) * b_inv_t[:, None]
+
+
+@triton.jit
 def centre_rows(b_x, b_carry, row0, T, count, BR: tl.constexpr):
     """b_x: rows row0 .. row0 + BR - 1 of x ([BR, BC]); b_carry [BC] fp32: the sum of every
     row before row0. Returns (the rows centred, fp32, zero past T; b_carry plus their sum)."""
     b_x = b_x.to(tl.float32)
-    o_r = row0 + tl.arange(0, BR)
-    b_inv_t = 1.0 / (count + 1 + o_r).to(tl.float32)
-    b_c = b_x - (tl.cumsum(b_x, axis=0) + b_carry[None, :]) * b_inv_t[:, None]
-    return tl.where((o_r < T)[:, None], b_c, 0.0), b_carry + tl.sum(b_x, axis=0)
+    b_c = b_x - running_mean(b_x, b_carry, row0, count, BR)
+    return tl.where((row0 + tl.arange(0, BR) < T)[:, None], b_c, 0.0), b_carry + tl.sum(b_x, axis=0)
 
 
 def centring_args(centring: Centring | None, stand_in: torch.Tensor, NT: int, K: int, V: int, where: str):
