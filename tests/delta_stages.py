@@ -100,7 +100,7 @@ def stage_errors(q, k, v, g, beta, h0, do, dht, scale: float) -> dict[str, float
     o = output_fwd(q, k, u, h, gam, scale)
     du = du_local(q, k, do, gam, scale)
     du_loc = du.clone()
-    dh, dh0 = state_bwd(q, k, w, do, du, gam, dht, scale, True)
+    du, dh, dh0 = state_bwd(q, k, w, do, du, gam, dht, scale, True)
     dq, dk_part, dw, dgam_part = dqkw(q, k, u, h, dh, do, du, gam, scale)
     dk, dv, dbeta, dg = wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, g.dtype)
 

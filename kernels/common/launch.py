@@ -215,6 +215,17 @@ class StatePassLaunch(KernelLaunch):
 
 
 @dataclasses.dataclass(frozen=True)
+class StateBwdLaunch(StatePassLaunch):
+    """The delta rules' backward state pass. local_du: from min_heads = B * H on, the pass
+    forms the intra-chunk dU_local = P^T dO itself from the q, k and dO tiles it loads anyway
+    (one [BT, K] x [K, BT] and one [BT, BT] x [BT, BV] product more per chunk, on every V-block),
+    and the du_local kernel, which reads q, k and dO and writes dU_local, is not run."""
+
+    local_du: bool = False
+    min_heads: int = 128
+
+
+@dataclasses.dataclass(frozen=True)
 class FusedStateLaunch(StatePassLaunch):
     """The delta-rule forward state pass with the output fused, from min_heads = B * H on."""
 
@@ -271,7 +282,9 @@ class DeltaLaunch:
     infer_fused: FusedStateLaunch = FusedStateLaunch(enabled=True, min_heads=32, BV=64, num_warps=4, num_stages=2)
     output_fwd: NarrowVLaunch = NarrowVLaunch(BK=128, BV=128, num_warps=4, num_stages=2, narrow_num_warps=2)
     du_local: NarrowVLaunch = NarrowVLaunch(BK=128, BV=128, num_warps=4, num_stages=2, narrow_num_warps=2)
-    state_bwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=2)
+    # off until timed on a GPU: it trades a launch that streams q, k and dO for work on the
+    # sequential pass, a gain where many programs share the GPU (B * H >= min_heads)
+    state_bwd: StateBwdLaunch = StateBwdLaunch(BV=64, num_warps=4, num_stages=2, local_du=False, min_heads=128)
     dqkw: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
     wy_bwd: NarrowVLaunch = NarrowVLaunch(BK=64, BV=64, num_warps=4, num_stages=1, narrow_num_warps=2)
     seq: NarrowingLaunch = NarrowingLaunch(min_BV=32, min_waves=2)

@@ -5,7 +5,9 @@ dS_{n+1} the gradient of the state leaving chunk n (dS_N = gradient of the final
 
   du_local   grid (V-blocks, chunks, heads), in parallel:   dU_local = P^T dO
   state_bwd  grid (V-blocks, heads), chunks in reverse order, dS in fp32 registers:
-                 store dS_{n+1};  dU = dU_local + Kd dS_{n+1} (stored over dU_local)
+                 store dS_{n+1};  dU = dU_local + Kd dS_{n+1} (stored over dU_local,
+                 or, with LOCAL_DU, with dU_local formed here from the k, q and dO
+                 tiles the pass loads: StateBwdLaunch.local_du)
                  dS_n = 2^{gamma_C} dS_{n+1} + scale (Q ⊙ 2^gamma)^T dO - W^T dU
              and dS_0 is the gradient of the initial state.
 
@@ -55,7 +57,8 @@ def du_local_kernel(
 def state_bwd_kernel(
     q, k, w, do, du, gam, dh, dht, dh0, scale, T, NT, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, LOCAL_DU: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -73,11 +76,17 @@ def state_bwd_kernel(
         b_qt = load_tile_t(q + seq * K, t0, 0, T, K, H * K, BT, BK)
         b_wt = load_tile_t(w + seq * K, t0, 0, T, K, H * K, BT, BK)
         b_do = load_tile(do + seq * V, t0, v0, T, V, H * V, BT, BV)
-        b_du = load_tile(du + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
+        b_g = tl.zeros([BT], dtype=tl.float32)
         if USE_G:
             last = tl.minimum(t0 + BT, T) - 1
             b_glast = tl.load(gam + seq + last * H)
             b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
+        if LOCAL_DU:  # dU_local = P^T dO, P^T from the ungated tiles (as du_local_kernel)
+            b_pt = anticausal_decay(tl.dot(b_k, b_qt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
+            b_du = tl.dot(b_pt.to(dt), b_do, input_precision=PREC)
+        else:
+            b_du = load_tile(du + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
+        if USE_G:
             b_k = (b_k * tl.exp2(b_glast - b_g)[:, None]).to(dt)
             b_qt = (b_qt * (scale * tl.exp2(b_g))[None, :]).to(dt)
         else:
@@ -113,17 +122,31 @@ def du_local(
     return du
 
 
+def local_du_fused(n_heads: int, gated: bool) -> bool:
+    """Whether state_bwd forms dU_local itself for n_heads = B * H (StateBwdLaunch.local_du,
+    under the launch settings in effect), so that du_local need not run."""
+    cfg = delta_launch(gated).state_bwd
+    return cfg.local_du and n_heads >= cfg.min_heads
+
+
 def state_bwd(
-    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, du: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, du: torch.Tensor | None,
     gam: torch.Tensor | None, dht: torch.Tensor | None, scale: float, need_dh0: bool,
     chunk_size: int = CHUNK,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Turns du (holding dU_local) into dU in place; returns (dh [B, H, NT, K, V] gradients of
-    the states leaving each chunk, dh0 [B, H, K, V] fp32 or None). dht: fp32 or None."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """dU [B, T, H, V] in do's dtype from du (holding dU_local, from du_local; turned into dU
+    in place) or, with du None, from dU_local formed in the pass (local_du_fused must hold).
+    Returns (dU, dh [B, H, NT, K, V] gradients of the states leaving each chunk, dh0
+    [B, H, K, V] fp32 or None). dht: fp32 or None."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     dev = q.device
+    local = du is None
+    if local and not local_du_fused(B * H, gam is not None):
+        raise ValueError("state_bwd: du None (dU_local formed in the pass) needs StateBwdLaunch.local_du on "
+                         "for this many heads; run du_local first otherwise")
+    du = new_buffer((B, T, H, V), do.dtype, dev) if local else du
     dh = new_buffer((B, H, NT, K, V), q.dtype, dev)
     dh0 = new_buffer((B, H, K, V), torch.float32, dev) if need_dh0 else None
     launch = delta_launch(gam is not None)
@@ -133,7 +156,7 @@ def state_bwd(
         q, k, w, do, du, gam if gam is not None else q, dh, dht if dht is not None else q,
         dh0 if dh0 is not None else q, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_DHT=dht is not None,
-        STORE_DH0=need_dh0, PREC=dot_precision(q.dtype, cfg.fp32_dots),
+        STORE_DH0=need_dh0, LOCAL_DU=local, PREC=dot_precision(q.dtype, cfg.fp32_dots),
         num_warps=warps(cfg.num_warps), num_stages=cfg.stages_for(full_block(K), q.element_size()),
     )
-    return dh, dh0
+    return du, dh, dh0

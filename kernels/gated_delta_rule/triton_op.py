@@ -7,7 +7,7 @@ Forward: wy_fwd (triton_wy.py) -> state_fwd -> output_fwd (triton_fwd.py).
 Forward with no gradient wanted (delta_rule_forward_only, as the custom op delta_rule_infer):
 the same kernels storing nothing for a backward (no Tm; with DeltaLaunch.infer_fused, one state
 pass writing only O, no h or U).
-Backward: du_local -> state_bwd (triton_bwd.py) -> dqkw (triton_bwd_grad.py) -> wy_bwd
+Backward: du_local -> state_bwd (triton_bwd.py; or state_bwd alone, StateBwdLaunch.local_du) -> dqkw (triton_bwd_grad.py) -> wy_bwd
 (triton_wy_bwd.py), reusing the forward's Tm, W, U and per-chunk states.
 
 Why store the per-chunk states instead of recomputing them in the backward (as
@@ -37,7 +37,7 @@ from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_placeholder, placeholder, present
 from kernels.common.launch import decode, encode, launch_settings, note_launch
-from kernels.gated_delta_rule.triton_bwd import du_local, state_bwd
+from kernels.gated_delta_rule.triton_bwd import du_local, local_du_fused, state_bwd
 from kernels.gated_delta_rule.triton_bwd_grad import dqkw
 from kernels.gated_delta_rule.triton_centring import Centring
 from kernels.gated_delta_rule.triton_fwd import RunningMean, fused_output_applies, output_fwd, state_fwd
@@ -96,8 +96,9 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         opts = ctx.opts
         do = do.to(q.dtype).contiguous()
         dht = dht.float().contiguous() if dht is not None else None
-        du = du_local(q, k, do, gam, opts.scale)
-        dh, dh0 = state_bwd(q, k, w, do, du, gam, dht, opts.scale, ctx.h0_dtype is not None)
+        # dU_local = P^T dO: its own launch, or formed inside the state pass (StateBwdLaunch.local_du)
+        du = None if local_du_fused(q.shape[0] * q.shape[2], gam is not None) else du_local(q, k, do, gam, opts.scale)
+        du, dh, dh0 = state_bwd(q, k, w, do, du, gam, dht, opts.scale, ctx.h0_dtype is not None)
         dq, dk_part, dw, dgam_part = dqkw(q, k, u, h, dh, do, du, gam, opts.scale, need_dg=ctx.need_dg)
         del dh
         dk, dv, dbeta, dg = wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, ctx.g_dtype, ctx.need_dg)

@@ -121,6 +121,25 @@ def test_fused_state_output(case):
     assert_within(errors, CASES[case][6], f"{case} fused")
 
 
+@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_fp16_T75_K64_V256", "gdn_bf16_T1000_K256_V32"])
+def test_local_du_in_state_bwd(case):
+    """The backward state pass forming dU_local itself (StateBwdLaunch.local_du, off by
+    default until timed), forced on: every output and gradient against fp64, held as the
+    default path is (test_matches_fp64_chunked)."""
+    from kernels.common.launch import launch_settings
+
+    local = {"state_bwd": {"local_du": True, "min_heads": 1}}
+
+    def errors(dtype=None):  # not the cached figures of the default path
+        with launch_settings(delta_rule=local, gated_delta_rule=local):
+            return errors_of.__wrapped__(case, dtype)
+
+    found = errors()
+    for quantity in QUANTITIES:
+        if quantity in found:
+            assert_quantity(case, quantity, found, lambda: errors(torch.float16))
+
+
 def forward_errors(case: str, fused: bool, dtype: torch.dtype) -> dict:
     """Errors of o and the final state of the forward with no gradient wanted
     (delta_rule_infer: nothing stored for a backward; fused from min_heads sequences of heads
