@@ -7,8 +7,9 @@ Forward: wy_fwd (triton_wy.py) -> state_fwd -> output_fwd (triton_fwd.py).
 Forward with no gradient wanted (delta_rule_forward_only, as the custom op delta_rule_infer):
 the same kernels storing nothing for a backward (no Tm; with DeltaLaunch.infer_fused, one state
 pass writing only O, no h or U).
-Backward: du_local -> state_bwd (triton_bwd.py; or state_bwd alone, StateBwdLaunch.local_du) -> dqkw (triton_bwd_grad.py) -> wy_bwd
-(triton_wy_bwd.py), reusing the forward's Tm, W, U and per-chunk states.
+Backward: du_local -> state_bwd (triton_bwd.py; or state_bwd alone, StateBwdLaunch.local_du)
+-> dqkw (triton_bwd_grad.py) -> wy_bwd (triton_wy_bwd.py), reusing the forward's Tm, W, U and
+per-chunk states.
 
 Why store the per-chunk states instead of recomputing them in the backward (as
 flash-linear-attention does): recomputation re-runs W/U0 and the sequential state pass (two
