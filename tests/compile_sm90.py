@@ -211,9 +211,10 @@ def run_ops() -> None:
           for entry in ("bwd_dqkg", "bwd_dqkg_sub", "bwd_dqkg_exact")],
         ("fused delta forward", {"delta_rule": fused_delta, "gated_delta_rule": fused_delta},
          ["delta_rule", "gated_delta_rule"]),
-        ("dU_local in the backward state pass", {op: {"state_bwd": {"local_du": True, "min_heads": 1}}
-                                                 for op in ("delta_rule", "gated_delta_rule")},
+        ("dU_local in its own launch", {op: {"state_bwd": {"local_du": False}} for op in ("delta_rule", "gated_delta_rule")},
          ["delta_rule", "gated_delta_rule"]),
+        ("dU_local in the backward state pass at K = 128",
+         {"gated_delta_rule": {"state_bwd": {"local_du": True, "min_heads": 1, "max_K": 256}}}, ["gated_delta_rule"]),
         *[(f"cg_operands={operands}", {"mesa": {"fwd_solve": {"operands": operands}, "bwd_solve": {"operands": operands}}},
            ["mesa"]) for operands in ("fp32", "fp16_normed")],
         ("keys and values centred in the WY kernel", {"linearized_softmax_gdn": {"centre_in_wy": True}},

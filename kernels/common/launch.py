@@ -210,27 +210,43 @@ class StatePassLaunch(KernelLaunch):
     def stages_for(self, BK: int, element_size: int) -> int:
         """num_stages of a pass whose K-block is BK wide over elements of element_size bytes:
         one stage from 1 KB rows on (fp32 at K = 256), where two stages of its [chunk, BK]
-        tiles ask for more shared memory than a Hopper SM has (state_bwd: 336 of 227 KB)."""
-        return 1 if BK * element_size >= 1024 else self.num_stages
+        tiles ask for more shared memory than a Hopper SM has (state_bwd: 336 of 227 KB), and
+        at most two from 512 B rows on (16-bit at K = 256), which three would overflow too."""
+        row = BK * element_size
+        return 1 if row >= 1024 else min(self.num_stages, 2) if row >= 512 else self.num_stages
 
 
 @dataclasses.dataclass(frozen=True)
 class StateBwdLaunch(StatePassLaunch):
-    """The delta rules' backward state pass. local_du: from min_heads = B * H on, the pass
+    """The delta rules' backward state pass. local_du: from min_heads = B * H on and for head
+    dims K <= max_K, the pass
     forms the intra-chunk dU_local = P^T dO itself from the q, k and dO tiles it loads anyway
     (one [BT, K] x [K, BT] and one [BT, BT] x [BT, BV] product more per chunk, on every V-block),
     and the du_local kernel, which reads q, k and dO and writes dU_local, is not run."""
 
     local_du: bool = False
     min_heads: int = 128
+    max_K: int = 256
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_K < 16:
+            raise ValueError(f"StateBwdLaunch.max_K must be >= 16, got {self.max_K!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class FusedStateLaunch(StatePassLaunch):
-    """The delta-rule forward state pass with the output fused, from min_heads = B * H on."""
+    """The delta-rule forward state pass with the output fused, from min_heads = B * H on;
+    max_state (0: no cap) caps the state block a program holds, K x BV entries, by narrowing
+    BV (down to 16)."""
 
     enabled: bool = False
     min_heads: int = 64
+    max_state: int = 0
+
+    def block_v(self, K: int) -> int:
+        """The V-block cap at head dim K (a power of two)."""
+        return min(self.BV, max(16, self.max_state // K)) if self.max_state else self.BV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,21 +286,33 @@ class DeltaLaunch:
     num_warps 8 is avoided on Hopper (miscompiles seen with Triton 3.4 to 3.7) and measured
     1.6-1.8x slower for wy_fwd, dqkw and wy_bwd."""
 
-    # 2 warps and the tf32 solve: 1.54 -> 0.55 ms at T = 8192, bf16
-    wy_fwd: WyFwdLaunch = WyFwdLaunch(BK=64, BV=64, num_warps=2, num_stages=2, tf32_solve=True)
-    state_fwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=2)
-    # off until timed on a GPU (the linear-attention analogue wins at B * H >= 64)
-    fused_fwd: FusedStateLaunch = FusedStateLaunch(enabled=False, min_heads=64, BV=64, num_warps=4, num_stages=2)
+    # 2 warps and the tf32 solve: 1.54 -> 0.55 ms at T = 8192, bf16; 3 stages: 560 / 583 / 596
+    # -> 491 / 502 / 511 us at T = 2k / 8k / 32k, K = 128 (one H100, DeltaNet), unchanged at 64
+    wy_fwd: WyFwdLaunch = WyFwdLaunch(BK=64, BV=64, num_warps=2, num_stages=3, tf32_solve=True)
+    # 3 stages: 990 -> 656 us at 32k, K = 128, and 818 -> 559 at K = 64 (one sequence of heads
+    # per program column, too few programs to hide the loads with 2); 2k and 8k unchanged
+    state_fwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=3)
+    # The training forward with the output fused into the state pass (h and U still stored),
+    # from 256 sequences of heads (one H100, DeltaNet, against state_fwd + output_fwd): K = 128
+    # 918 against 1,103 us at 2k (512 B * H) but 1,387 against 1,208 at 8k (128); K = 64 684 /
+    # 840 against 914 / 935 at 2k / 8k (1,024 / 256); GDN K = 128 at 2k 1,201 against 1,148
+    fused_fwd: FusedStateLaunch = FusedStateLaunch(enabled=True, min_heads=256, BV=64, num_warps=4, num_stages=2)
     # A forward no backward follows (no gradient wanted): the fused pass then stores no states.
     # One H100, T = 2k / 8k / 32k, K = 128: GDN 1.52 / 1.34 / 1.88 ms against 1.71 / 1.86 / 2.25
     # for the state pass then the output (DeltaNet 1.21 / 1.20 / 1.65 against 1.62 / 1.73 /
-    # 2.08), at 8 warps 1.67 / 2.41 / 2.48; B * H from 32 to 512 (fewer heads: not yet timed)
-    infer_fused: FusedStateLaunch = FusedStateLaunch(enabled=True, min_heads=32, BV=64, num_warps=4, num_stages=2)
+    # 2.08), at 8 warps 1.67 / 2.41 / 2.48; B * H from 32 to 512 (fewer heads: not yet timed).
+    # A state block of at most 4,096 entries: BV 32 at K = 128 took GDN's pass at 2k from 976
+    # to 752 us (DeltaNet 709 -> 682), where at K = 64 BV 32 was slower (473 -> 658)
+    infer_fused: FusedStateLaunch = FusedStateLaunch(enabled=True, min_heads=32, BV=64, num_warps=4, num_stages=2,
+                                                     max_state=4096)
     output_fwd: NarrowVLaunch = NarrowVLaunch(BK=128, BV=128, num_warps=4, num_stages=2, narrow_num_warps=2)
     du_local: NarrowVLaunch = NarrowVLaunch(BK=128, BV=128, num_warps=4, num_stages=2, narrow_num_warps=2)
-    # off until timed on a GPU: it trades a launch that streams q, k and dO for work on the
-    # sequential pass, a gain where many programs share the GPU (B * H >= min_heads)
-    state_bwd: StateBwdLaunch = StateBwdLaunch(BV=64, num_warps=4, num_stages=2, local_du=False, min_heads=128)
+    # dU_local formed in the backward state pass (no du_local launch). One H100, DeltaNet,
+    # state_bwd + du_local against state_bwd alone: K = 128 1,465 / 1,399 / 1,858 -> 851 / 854
+    # / 1,390 us at T = 2k / 8k / 32k, K = 64 993 / 1,232 / 1,615 -> 579 / 721 / 1,028. GDN
+    # (DEFAULTS) takes it at K = 64 only: there 1,028 / 1,382 / 1,747 -> 582 / 750 / 1,201,
+    # at K = 128 1,577 / 1,476 / 2,049 -> 1,504 / 1,971 / 1,941
+    state_bwd: StateBwdLaunch = StateBwdLaunch(BV=64, num_warps=4, num_stages=2, local_du=True, min_heads=1)
     dqkw: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
     wy_bwd: NarrowVLaunch = NarrowVLaunch(BK=64, BV=64, num_warps=4, num_stages=1, narrow_num_warps=2)
     seq: NarrowingLaunch = NarrowingLaunch(min_BV=32, min_waves=2)
@@ -407,7 +435,8 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "linear_attention": ChunkLaunch(),
     "gated_linear_attention": ChunkLaunch(),
     "delta_rule": DeltaLaunch(),
-    "gated_delta_rule": DeltaLaunch(),
+    "gated_delta_rule": DeltaLaunch(
+        state_bwd=StateBwdLaunch(BV=64, num_warps=4, num_stages=2, local_du=True, min_heads=1, max_K=64)),
     "mesa": MesaLaunch(),
     "linearized_softmax_gdn": LinGdnLaunch(),
 })

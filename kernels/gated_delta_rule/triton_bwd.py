@@ -122,11 +122,12 @@ def du_local(
     return du
 
 
-def local_du_fused(n_heads: int, gated: bool) -> bool:
-    """Whether state_bwd forms dU_local itself for n_heads = B * H (StateBwdLaunch.local_du,
-    under the launch settings in effect), so that du_local need not run."""
+def local_du_fused(n_heads: int, K: int, gated: bool) -> bool:
+    """Whether state_bwd forms dU_local itself for n_heads = B * H at head dim K
+    (StateBwdLaunch.local_du, under the launch settings in effect), so that du_local need
+    not run."""
     cfg = delta_launch(gated).state_bwd
-    return cfg.local_du and n_heads >= cfg.min_heads
+    return cfg.local_du and n_heads >= cfg.min_heads and K <= cfg.max_K
 
 
 def state_bwd(
@@ -143,9 +144,9 @@ def state_bwd(
     NT = triton.cdiv(T, chunk_size)
     dev = q.device
     local = du is None
-    if local and not local_du_fused(B * H, gam is not None):
+    if local and not local_du_fused(B * H, K, gam is not None):
         raise ValueError("state_bwd: du None (dU_local formed in the pass) needs StateBwdLaunch.local_du on "
-                         "for this many heads; run du_local first otherwise")
+                         "for this many heads and this head dim; run du_local first otherwise")
     du = new_buffer((B, T, H, V), do.dtype, dev) if local else du
     dh = new_buffer((B, H, NT, K, V), q.dtype, dev)
     dh0 = new_buffer((B, H, K, V), torch.float32, dev) if need_dh0 else None

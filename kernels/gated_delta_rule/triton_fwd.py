@@ -187,7 +187,8 @@ def state_fwd(
     o = new_buffer((B, T, H, V), dt, dev) if q is not None else None
     launch = delta_launch(gam is not None)
     cfg = launch.state_fwd if q is None else _fused_settings(launch, inference=not store_states)
-    BV = sequential_block_v(V, cfg.BV, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
+    cap = cfg.BV if q is None else cfg.block_v(full_block(K))
+    BV = sequential_block_v(V, cap, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
         h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,

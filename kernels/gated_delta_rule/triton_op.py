@@ -98,7 +98,8 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         do = do.to(q.dtype).contiguous()
         dht = dht.float().contiguous() if dht is not None else None
         # dU_local = P^T dO: its own launch, or formed inside the state pass (StateBwdLaunch.local_du)
-        du = None if local_du_fused(q.shape[0] * q.shape[2], gam is not None) else du_local(q, k, do, gam, opts.scale)
+        local = local_du_fused(q.shape[0] * q.shape[2], q.shape[3], gam is not None)
+        du = None if local else du_local(q, k, do, gam, opts.scale)
         du, dh, dh0 = state_bwd(q, k, w, do, du, gam, dht, opts.scale, ctx.h0_dtype is not None)
         dq, dk_part, dw, dgam_part = dqkw(q, k, u, h, dh, do, du, gam, opts.scale, need_dg=ctx.need_dg)
         del dh

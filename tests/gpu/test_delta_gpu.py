@@ -121,23 +121,25 @@ def test_fused_state_output(case):
     assert_within(errors, CASES[case][6], f"{case} fused")
 
 
-@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_fp16_T75_K64_V256", "gdn_bf16_T1000_K256_V32"])
+@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_bf16_T32768", "delta_fp16_T75_K64_V256",
+                                  "gdn_bf16_T1000_K256_V32"])
 def test_local_du_in_state_bwd(case):
-    """The backward state pass forming dU_local itself (StateBwdLaunch.local_du, off by
-    default until timed), forced on: every output and gradient against fp64, held as the
-    default path is (test_matches_fp64_chunked)."""
+    """The backward state pass forming dU_local itself (StateBwdLaunch.local_du) against
+    du_local's launch then the pass, each against fp64: every output and gradient within TOL,
+    and every worst row within ROW_TOL or no more than 1.1x the two-launch path's (whose own
+    worst rows test_matches_fp64_chunked holds; the paths differ in dU_local's rounding only)."""
     from kernels.common.launch import launch_settings
 
-    local = {"state_bwd": {"local_du": True, "min_heads": 1}}
+    def errors(local: bool) -> dict:  # not the cached figures of the default path
+        over = {"state_bwd": {"local_du": local, "min_heads": 1, "max_K": 256}}
+        with launch_settings(delta_rule=over, gated_delta_rule=over):
+            return errors_of.__wrapped__(case)
 
-    def errors(dtype=None):  # not the cached figures of the default path
-        with launch_settings(delta_rule=local, gated_delta_rule=local):
-            return errors_of.__wrapped__(case, dtype)
-
-    found = errors()
-    for quantity in QUANTITIES:
-        if quantity in found:
-            assert_quantity(case, quantity, found, lambda: errors(torch.float16))
+    local, split = errors(True), errors(False)
+    dtype = CASES[case][6]
+    bad = {n: (e, split[n]) for n, e in local.items()
+           if not (e < ROW_TOL[dtype] or e <= 1.1 * split[n] if n.endswith("(worst row)") else e < TOL[dtype])}
+    assert not bad, f"{case} local dU: (error, two-launch error) over the bounds: {bad} (all: {local})"
 
 
 def forward_errors(case: str, fused: bool, dtype: torch.dtype) -> dict:

@@ -141,10 +141,10 @@ def test_fused_state_output_equals_two_kernels():
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
 @pytest.mark.parametrize("T, V", [(1, 16), (100, 32), (130, 64)])
 def test_local_du_matches_reference(compare, launch, gated, T, V):
-    """The backward state pass forming dU_local itself (StateBwdLaunch.local_du, off by
-    default until timed on a GPU) forced on: every gradient against the reference, with one
+    """The backward state pass forming dU_local itself (StateBwdLaunch.local_du; GDN's
+    default takes it at K <= 64 only) forced on: every gradient against the reference, with one
     V-block and (V = 64 at 16-column tiles) several, each forming the same P^T."""
-    local = {"state_bwd": {"local_du": True, "min_heads": 1, "BV": 16 if V == 64 else 64}}
+    local = {"state_bwd": {"local_du": True, "min_heads": 1, "max_K": 256, "BV": 16 if V == 64 else 64}}
     launch(**each(DELTA_OPS, local))
     tensors, h0 = make_inputs(1, T, 2, 32, V, torch.float32, seed=60 + T, gated=gated)
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[torch.float32])
@@ -154,7 +154,7 @@ def test_local_du_matches_reference(compare, launch, gated, T, V):
 def test_local_du_equals_du_local_then_state_bwd(launch, gated):
     """state_bwd with dU_local formed in the pass against du_local's then state_bwd's: the
     same dh, dh0 and dU up to the rounding of dU_local (stored in fp16 by du_local, kept in
-    fp32 in the pass); and du None without the switch is an error naming it."""
+    fp32 in the pass); and du None with the switch off is an error naming it."""
     from kernels.gated_delta_rule import triton_bwd, triton_wy
 
     tensors, h0 = make_inputs(2, 130, 1, 32, 32, torch.float16, seed=64, gated=gated)
@@ -163,11 +163,12 @@ def test_local_du_equals_du_local_then_state_bwd(launch, gated):
     gen = torch.Generator().manual_seed(65)
     do = torch.randn(2, 130, 1, 32, generator=gen).half()
     dht = torch.randn(2, 1, 32, 32, generator=gen)
+    launch(**each(DELTA_OPS, {"state_bwd": {"local_du": False}}))
     with pytest.raises(ValueError, match="local_du"):
         triton_bwd.state_bwd(q, k, w, do, None, gam, dht, 0.3, True)
     du_split, dh_split, dh0_split = triton_bwd.state_bwd(
         q, k, w, do, triton_bwd.du_local(q, k, do, gam, 0.3), gam, dht, 0.3, True)
-    launch(**each(DELTA_OPS, {"state_bwd": {"local_du": True, "min_heads": 1}}))
+    launch(**each(DELTA_OPS, {"state_bwd": {"local_du": True, "min_heads": 1, "max_K": 256}}))
     du, dh, dh0 = triton_bwd.state_bwd(q, k, w, do, None, gam, dht, 0.3, True)
     for ours, split in ((du, du_split), (dh, dh_split), (dh0, dh0_split)):
         assert ours.dtype == split.dtype and ours.shape == split.shape

@@ -81,27 +81,31 @@ def test_narrow_value_blocks_take_narrow_warps(monkeypatch, module, kernel):
     monkeypatch.setattr(mod, "warps", lambda n: asked.append(n) or warps(n))
     monkeypatch.setattr(mod, f"{kernel}_kernel",
                         _LaunchSpy(getattr(mod, f"{kernel}_kernel"), lambda kw: seen.append((kw["BV"], asked[-1]))))
+    separate_du = {"state_bwd": {"local_du": False}}  # du_local runs only where the state pass does not form dU_local
     for V, bv, expected in ((16, 16, 2), (32, 32, 2), (64, 64, 4), (100, 64, 4)):
         seen.clear()
         q, k, v, g, beta = _gdn_inputs(T=40, V=V)
-        o, _ = gated_delta_rule(q, k, v, g, beta, backend="triton")
-        o.sum().backward()
+        with launch.launch_settings(gated_delta_rule=separate_du):
+            o, _ = gated_delta_rule(q, k, v, g, beta, backend="triton")
+            o.sum().backward()
         assert len(seen) == 1 and seen[0][0] >= bv and seen[0][1] == expected, (V, seen)
     seen.clear()
-    with launch.launch_settings(gated_delta_rule={kernel: {"narrow_num_warps": 1}}):
+    with launch.launch_settings(gated_delta_rule={kernel: {"narrow_num_warps": 1}, **separate_du}):
         q, k, v, g, beta = _gdn_inputs(T=40, V=32)
         gated_delta_rule(q, k, v, g, beta, backend="triton")[0].sum().backward()
     assert seen == [(32, 1)]
 
 
-def test_state_passes_take_one_stage_for_1kb_rows():
+def test_state_passes_take_fewer_stages_for_wide_rows():
     """The state passes drop to one pipeline stage where a row of their K-block is 1 KB or more
-    (fp32 at K = 256: two stages overflow a Hopper SM's shared memory), else keep num_stages."""
+    (fp32 at K = 256: two stages overflow a Hopper SM's shared memory), to at most two from
+    512 B on, else keep num_stages (3 for the forward pass, 2 for the backward)."""
     cfg = launch.settings("gated_delta_rule")
-    for pass_ in (cfg.state_fwd, cfg.state_bwd):
-        assert pass_.num_stages == 2
+    for pass_, stages in ((cfg.state_fwd, 3), (cfg.state_bwd, 2)):
+        assert pass_.num_stages == stages
         assert pass_.stages_for(256, 4) == 1
         assert pass_.stages_for(256, 2) == 2 and pass_.stages_for(128, 4) == 2
+        assert pass_.stages_for(128, 2) == stages and pass_.stages_for(64, 4) == stages
 
 
 @pytest.mark.parametrize("precision, expected", [("highest", "ieee"), ("high", "tf32"), ("medium", "tf32")])
