@@ -111,8 +111,8 @@ def assert_within(errors: dict, dtype: torch.dtype, label: str) -> None:
 
 @pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_fp16_T75_K64_V256"])
 def test_fused_state_output(case):
-    """The forward with the output fused into the state pass (DeltaLaunch.fused_fwd, off by
-    default until timed), forced on: every output and gradient against fp64."""
+    """The forward with the output fused into the state pass (DeltaLaunch.fused_fwd, on from
+    256 sequences of heads), forced on: every output and gradient against fp64."""
     from kernels.common.launch import launch_settings
 
     fused = {"fused_fwd": {"enabled": True, "min_heads": 1}}

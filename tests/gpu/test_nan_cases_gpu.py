@@ -118,7 +118,7 @@ def test_fused_forward(op, gates, dtype):
 @pytest.mark.parametrize("gates", ["strong", "reset"])
 def test_gdn_fused_state_output(gates, dtype):
     """The gated delta rule's forward with the output fused into the state pass
-    (DeltaLaunch.fused_fwd, off by default), forced on."""
+    (DeltaLaunch.fused_fwd, on from 256 sequences of heads), forced on."""
     from kernels.common.launch import launch_settings
 
     with launch_settings(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}}):

@@ -116,8 +116,8 @@ def test_fp64_inputs_computed_in_fp32():
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
 @pytest.mark.parametrize("T", [1, 100])
 def test_fused_state_output_matches_reference(compare, launch, gated, T):
-    """The forward with the output fused into the state pass (DeltaLaunch.fused_fwd, off by
-    default until timed on a GPU) forced on: outputs, final states and every gradient."""
+    """The forward with the output fused into the state pass (DeltaLaunch.fused_fwd, on
+    from 256 sequences of heads) forced on: outputs, final states and every gradient."""
     launch(**each(DELTA_OPS, {"fused_fwd": {"enabled": True, "min_heads": 1}}))
     tensors, h0 = make_inputs(1, T, 2, 32, 16, torch.float32, seed=40 + T, gated=gated)
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[torch.float32])

@@ -116,8 +116,8 @@ def test_scan_across_chunks_fp32(launch):
 
 @pytest.mark.parametrize("count", [0, 6])
 def test_fused_state_output_fp32(launch, count):
-    """The delta rule's output fused into its state pass (fused_fwd, off by default, forced on
-    here), the running mean added there: outputs, final state and every gradient."""
+    """The delta rule's output fused into its state pass (fused_fwd, on from 256 sequences
+    of heads, forced on here), the running mean added there: outputs, final state and every gradient."""
     launch(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}})
     run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
 

@@ -58,7 +58,7 @@ def test_two_kernel_forward(launch, op, gates):
 @pytest.mark.parametrize("gates", ["strong", "reset"])
 def test_gdn_fused_state_output(launch, gates):
     """The gated delta rule's forward with the output fused into the state pass
-    (DeltaLaunch.fused_fwd, off by default), forced on."""
+    (DeltaLaunch.fused_fwd, on from 256 sequences of heads), forced on."""
     launch(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}})
     for T in (63, 100):
         ours = outputs_and_grads("gdn", make_leaves("gdn", T, gates, True), torch.float32, "triton")
