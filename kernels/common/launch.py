@@ -219,10 +219,10 @@ class StatePassLaunch(KernelLaunch):
 @dataclasses.dataclass(frozen=True)
 class StateBwdLaunch(StatePassLaunch):
     """The delta rules' backward state pass. local_du: from min_heads = B * H on and for head
-    dims K <= max_K, the pass
-    forms the intra-chunk dU_local = P^T dO itself from the q, k and dO tiles it loads anyway
-    (one [BT, K] x [K, BT] and one [BT, BT] x [BT, BV] product more per chunk, on every V-block),
-    and the du_local kernel, which reads q, k and dO and writes dU_local, is not run."""
+    dims K <= max_K, the pass forms the intra-chunk dU_local = P^T dO itself from the q, k and
+    dO tiles it loads anyway (one [BT, K] x [K, BT] and one [BT, BT] x [BT, BV] product more
+    per chunk, on every V-block), and the du_local kernel, which reads q, k and dO and writes
+    dU_local, is not run."""
 
     local_du: bool = False
     min_heads: int = 128
@@ -243,6 +243,12 @@ class FusedStateLaunch(StatePassLaunch):
     enabled: bool = False
     min_heads: int = 64
     max_state: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_state and (self.max_state < 256 or self.max_state & (self.max_state - 1)):
+            raise ValueError(f"FusedStateLaunch.max_state must be 0 (no cap) or a power of two >= 256, "
+                             f"got {self.max_state!r}")
 
     def block_v(self, K: int) -> int:
         """The V-block cap at head dim K (a power of two)."""
@@ -289,8 +295,8 @@ class DeltaLaunch:
     # 2 warps and the tf32 solve: 1.54 -> 0.55 ms at T = 8192, bf16; 3 stages: 560 / 583 / 596
     # -> 491 / 502 / 511 us at T = 2k / 8k / 32k, K = 128 (one H100, DeltaNet), unchanged at 64
     wy_fwd: WyFwdLaunch = WyFwdLaunch(BK=64, BV=64, num_warps=2, num_stages=3, tf32_solve=True)
-    # 3 stages: 990 -> 656 us at 32k, K = 128, and 818 -> 559 at K = 64 (one sequence of heads
-    # per program column, too few programs to hide the loads with 2); 2k and 8k unchanged
+    # 3 stages: 990 -> 656 us at 32k, K = 128, and 818 -> 559 at K = 64 (32 and 64 sequences
+    # of heads, each program walking 512 chunks); 2k and 8k unchanged but K = 64 at 8k (489 -> 592)
     state_fwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=3)
     # The training forward with the output fused into the state pass (h and U still stored),
     # from 256 sequences of heads (one H100, DeltaNet, against state_fwd + output_fwd): K = 128

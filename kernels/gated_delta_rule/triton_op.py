@@ -3,7 +3,8 @@
     gated_delta_rule_triton(q, k, v, g, beta, scale=..., initial_state=None,
                             output_final_state=False, chunk_size=64) -> (o, final_state)
 
-Forward: wy_fwd (triton_wy.py) -> state_fwd -> output_fwd (triton_fwd.py).
+Forward: wy_fwd (triton_wy.py) -> state_fwd -> output_fwd (triton_fwd.py; or state_fwd writing
+the output too, DeltaLaunch.fused_fwd).
 Forward with no gradient wanted (delta_rule_forward_only, as the custom op delta_rule_infer):
 the same kernels storing nothing for a backward (no Tm; with DeltaLaunch.infer_fused, one state
 pass writing only O, no h or U).

@@ -96,6 +96,25 @@ def test_narrow_value_blocks_take_narrow_warps(monkeypatch, module, kernel):
     assert seen == [(32, 1)]
 
 
+@pytest.mark.parametrize("K, expected", [(128, 32), (64, 64)])
+def test_the_no_gradient_fused_pass_caps_its_state_block(monkeypatch, K, expected):
+    """The no-gradient fused state pass holds at most infer_fused.max_state (4,096) state
+    entries: V-blocks of 32 at K = 128 and of 64 at K = 64 (on the CPU nothing narrows them
+    further); bad caps are refused."""
+    from kernels.gated_delta_rule import triton_fwd
+
+    seen = []
+    monkeypatch.setattr(triton_fwd, "state_fwd_kernel",
+                        _LaunchSpy(triton_fwd.state_fwd_kernel, lambda kw: seen.append((kw["BV"], kw["FUSE_OUTPUT"]))))
+    q, k, v, g, beta = (t.detach() for t in _gdn_inputs(T=20, H=1, K=K, V=128))
+    with torch.no_grad(), launch.launch_settings(gated_delta_rule={"infer_fused": {"min_heads": 1}}):
+        gated_delta_rule(q, k, v, g, beta, backend="triton")
+    assert seen == [(expected, True)]
+    for bad in (100, 3000):
+        with pytest.raises(ValueError, match="max_state"):
+            launch.FusedStateLaunch(max_state=bad)
+
+
 def test_state_passes_take_fewer_stages_for_wide_rows():
     """The state passes drop to one pipeline stage where a row of their K-block is 1 KB or more
     (fp32 at K = 256: two stages overflow a Hopper SM's shared memory), to at most two from
