@@ -15,8 +15,9 @@
 # records do not count as done (time again after a kernel change).
 # TESTS / TESTS_S: GPU test files and their limit (0: none; the default); TESTS_K: a pytest -k
 # expression among them; TESTS_N: pytest-xdist workers (its wheel carried in .whl/; they compile
-# in parallel on the device's cores and share the GPU's memory, each test releasing its cache); TESTS_ARGS: more pytest arguments (e.g. -x); they run
-# before the sweeps, or after them with TESTS_LAST=1.
+# in parallel on the device's cores and share the GPU's memory, each test releasing its cache);
+# TESTS_ARGS: more pytest arguments (e.g. -x); they run before the sweeps, or after them with
+# TESTS_LAST=1.
 # AB_S (0: off): first, for AB_S seconds at most, the before/after timing of the Triton kernels
 # of tree AB_BEFORE (default .abtree, an exported kernels/ with a COMMIT file) against this one's,
 # through the public ops (benchmarks/ab_public_ops.py): both trees' first calls (cold compile) in

@@ -443,8 +443,8 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "linear_attention": ChunkLaunch(),
     "gated_linear_attention": ChunkLaunch(),
     "delta_rule": DeltaLaunch(),
-    "gated_delta_rule": DeltaLaunch(
-        state_bwd=StateBwdLaunch(BV=64, num_warps=4, num_stages=2, local_du=True, min_heads=1, max_K=64)),
+    # GDN forms dU_local in its backward state pass at K <= 64 only (DeltaLaunch.state_bwd says why)
+    "gated_delta_rule": DeltaLaunch(state_bwd=dataclasses.replace(DeltaLaunch.state_bwd, max_K=64)),
     "mesa": MesaLaunch(),
     "linearized_softmax_gdn": LinGdnLaunch(),
 })
