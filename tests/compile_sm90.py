@@ -217,8 +217,6 @@ def run_ops() -> None:
          {"gated_delta_rule": {"state_bwd": {"local_du": True, "min_heads": 1, "max_K": 256}}}, ["gated_delta_rule"]),
         *[(f"cg_operands={operands}", {"mesa": {"fwd_solve": {"operands": operands}, "bwd_solve": {"operands": operands}}},
            ["mesa"]) for operands in ("fp32", "fp16_normed")],
-        ("keys and values centred in the WY kernel", {"linearized_softmax_gdn": {"centre_in_wy": True}},
-         ["linearized_softmax_gdn", "linearized_softmax_gdn with a state"]),
         ("mesa state passes 128 x 32, 8 warps, 3 stages",
          {"mesa": {"states": {"max_BK": 128, "max_BD": 32, "num_warps": 8, "num_stages": 3}}}, ["mesa"]),
     ]
@@ -231,13 +229,9 @@ def run_ops() -> None:
     # the output fused (infer_fused; on from 32 sequences of heads, forced on here) and not
     fused_infer = {"infer_fused": {"enabled": True, "min_heads": 1}}
     delta_names = [n for n in calls if n.split(" ")[0] in ("delta_rule", "gated_delta_rule", "linearized_softmax_gdn")]
-    for label, over in (("fused", {"delta_rule": fused_infer, "gated_delta_rule": fused_infer}), ("two kernels", {}),
-                        ("fused, keys centred in the WY kernel", {"gated_delta_rule": fused_infer,
-                                                                  "linearized_softmax_gdn": {"centre_in_wy": True}})):
+    for label, over in (("fused", {"delta_rule": fused_infer, "gated_delta_rule": fused_infer}), ("two kernels", {})):
         with launch_settings(**over), torch.no_grad():
             for name in delta_names:
-                if "centred" in label and not name.startswith("linearized_softmax_gdn"):
-                    continue
                 print(f"compile_sm90: {name} without a gradient, {label}", flush=True)
                 calls[name]()
     # the fused one-token decode step: every gate kind, with and without the delta rule

@@ -427,16 +427,6 @@ class LinGdnLaunch:
     gated_delta_rule kernels under that op's settings."""
 
     prep: PrepLaunch = PrepLaunch(max_BD=64, min_BD=16, tile_elems=4096, min_programs=512, num_warps=4, num_stages=3)
-    # keys and values centred inside the delta rule's WY kernel from per-chunk sums
-    # (triton_prep.prep_sums_fwd) rather than by the running-mean scans. Off: right on the GPU
-    # (tests/gpu/test_lin_gdn_gpu.py) but slower, its WY kernel 2,062 us at T = 2k, K = 128
-    # on one H100 (3,866 at 8 warps) against ~560 for the plain one, the forward 4.10 ms
-    # against the scans' 2.47
-    centre_in_wy: bool = False
-    # the WY kernel's settings when it centres (gated_delta_rule's wy_fwd otherwise): its fp32
-    # tiles spill 5,992 B a thread at gated_delta_rule's BK 64, 2 warps, K = 128, and 208 B
-    # here (benchmarks/spill_screen.py's compile, Triton 3.9)
-    wy_centred: WyFwdLaunch = WyFwdLaunch(BK=32, BV=32, num_warps=4, num_stages=2, tf32_solve=True)
 
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType({

@@ -31,7 +31,6 @@ import triton.language as tl
 from kernels.common.triton.gates import causal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
-from kernels.gated_delta_rule.triton_centring import load_enter, running_mean
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
@@ -53,7 +52,10 @@ def _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count,
     """[BT, BV] fp32: the running mean of RunningMean (x = mv, enter = menter) on the rows of
     chunk i_t, columns v0 .. v0 + BV."""
     b_x = load_tile(mv + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
-    return running_mean(b_x, load_enter(menter, i_bh, i_t, NT, v0, V, BV), t0, count, BT)
+    o_v = v0 + tl.arange(0, BV)
+    b_enter = tl.load(menter + (i_bh * NT + i_t).to(tl.int64) * V + o_v, mask=o_v < V, other=0.0)
+    b_inv_t = 1.0 / (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
+    return (tl.cumsum(b_x, axis=0) + b_enter[None, :]) * b_inv_t[:, None]
 
 
 @triton.jit(do_not_specialize=["T", "NT", "count"])

@@ -41,9 +41,8 @@ from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_pla
 from kernels.common.launch import decode, encode, launch_settings, note_launch
 from kernels.gated_delta_rule.triton_bwd import du_local, local_du_fused, state_bwd
 from kernels.gated_delta_rule.triton_bwd_grad import dqkw
-from kernels.gated_delta_rule.triton_centring import Centring
 from kernels.gated_delta_rule.triton_fwd import RunningMean, fused_output_applies, output_fwd, state_fwd
-from kernels.gated_delta_rule.triton_wy import CHUNK, delta_op, wy_fwd, wy_fwd_centred
+from kernels.gated_delta_rule.triton_wy import CHUNK, delta_op, wy_fwd
 from kernels.gated_delta_rule.triton_wy_bwd import wy_bwd
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -61,19 +60,13 @@ class DeltaOptions:
 class ChunkDeltaRuleFunction(torch.autograd.Function):
     """(o, final_state) = gated delta rule (+ a running mean added to o before it is rounded,
     or None: kernels/gated_delta_rule/triton_fwd.py, RunningMean; its gradient is the
-    caller's); g None means the ungated delta rule. With `centring` (triton_centring.py) the
-    rule runs on k and v centred on their running means, formed in wy_fwd_centred and saved for the
-    backward in place of k and v, whose gradients are then the centred ones'."""
+    caller's); g None means the ungated delta rule."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions, mean: RunningMean | None = None,
-                centring: Centring | None = None):
+    def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions, mean: RunningMean | None = None):
         ctx.launch = note_launch(delta_op(g is not None))
         h0 = initial_state.float().contiguous() if initial_state is not None else None
-        if centring is None:
-            gam, tm, w, u0 = wy_fwd(k, v, beta, g)
-        else:  # the centred keys and values replace k and v from here on (and in the backward)
-            gam, tm, w, u0, k, v = wy_fwd_centred(k, v, beta, g, centring, True, True, True)
+        gam, tm, w, u0 = wy_fwd(k, v, beta, g)
         fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None)
         h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale,
                                 mean=mean if fused else None)
@@ -194,18 +187,15 @@ delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule
 
 def delta_rule_forward_only(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None, scale: float,
-    output_final_state: bool, mean: RunningMean | None = None, centring: Centring | None = None,
+    output_final_state: bool, mean: RunningMean | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """ChunkDeltaRuleFunction's forward where no backward follows: it keeps nothing for one
     (no Tm; under DeltaLaunch.infer_fused no per-chunk states or U either). initial_state:
-    [B, H, K, V] or None; mean, centring: as ChunkDeltaRuleFunction's. Returns (o, final
-    state fp32 or None)."""
+    [B, H, K, V] or None; mean: as ChunkDeltaRuleFunction's. Returns (o, final state fp32 or
+    None)."""
     note_launch(delta_op(g is not None))
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    # centred keys are stored for the state pass: centring them again inside the fused pass
-    # gives wrong values and illegal addresses on sm_90 under Triton 3.6 (docs/results.md)
-    gam, _, w, u0, key, _ = wy_fwd_centred(k, v, beta, g, centring, False, centring is not None, False)
-    k = key if key is not None else k
+    gam, _, w, u0 = wy_fwd(k, v, beta, g, store_tm=False)
     if fused_output_applies(q.shape[0] * q.shape[2], g is not None, inference=True):
         _, _, ht, o = state_fwd(k, w, u0, gam, h0, output_final_state, q, scale, store_states=False, mean=mean)
     else:

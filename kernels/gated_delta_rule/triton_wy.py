@@ -13,9 +13,7 @@ The chunk length BT is a constexpr, but this kernel's solve is written for BT = 
 static assertion says so): the chunk is handled as four 16-row sub-blocks: A and Tm live in registers as ten 16 x 16
 blocks, so no 64 x 64 tile is ever sliced or sent through memory before W and U0 are made.
 Tm, W and U0 are stored in the input dtype (the dtype of the products that read them).
-USE_G=False is the ungated delta rule (g is not read, gamma not written). With CENTRE
-(wy_fwd_centred) the rows of k and v are centred on their running means as they are loaded
-(triton_centring.py), and stored where a later kernel or the backward reads them.
+USE_G=False is the ungated delta rule (g is not read, gamma not written).
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from kernels.common.triton.gates import causal_decay, log2_gates
 from kernels.common.triton.solve import unit_lower_inverse_64
 from kernels.common.triton.tiles import load_tile, load_vec, store_tile, store_vec
 from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
-from kernels.gated_delta_rule.triton_centring import Centring, centre_rows, centring_args, load_enter
 
 CHUNK = 64  # tokens per chunk: the blockwise solve below (kernels/common/triton/solve.py) is written for 64
 
@@ -66,12 +63,11 @@ def _kkt_block(b_kk, b_bi, b_gi, b_gj, DIAG: tl.constexpr, USE_G: tl.constexpr):
     return b_a
 
 
-@triton.jit(do_not_specialize=["T", "NT", "count"])
+@triton.jit(do_not_specialize=["T"])
 def wy_fwd_kernel(
-    k, v, beta, g, gam, tm, w, u0, k_enter, v_enter, key, value, T, NT, H, count,
+    k, v, beta, g, gam, tm, w, u0, T, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, PREC: tl.constexpr, SOLVE_PREC: tl.constexpr, STORE_TM: tl.constexpr,
-    CENTRE: tl.constexpr, STORE_KEY: tl.constexpr, STORE_VALUE: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -118,7 +114,7 @@ def wy_fwd_kernel(
     a32 = tl.zeros([16, 16], dtype=tl.float32)
     a33 = tl.zeros([16, 16], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_k0, b_k1, b_k2, b_k3 = _chunk_rows(k, k_enter, seq, i_bh, i_t, NT, i_k * BK, T, H, count, K, BK, CENTRE)
+        b_k0, b_k1, b_k2, b_k3 = _chunk_rows(k, seq, i_t, i_k * BK, T, H, K, BK)
         a00 += tl.dot(b_k0, tl.trans(b_k0), input_precision=PREC)
         a10 += tl.dot(b_k1, tl.trans(b_k0), input_precision=PREC)
         a11 += tl.dot(b_k1, tl.trans(b_k1), input_precision=PREC)
@@ -161,17 +157,13 @@ def wy_fwd_kernel(
     if USE_G:
         f0, f1, f2, f3 = b_b0 * tl.exp2(b_g0), b_b1 * tl.exp2(b_g1), b_b2 * tl.exp2(b_g2), b_b3 * tl.exp2(b_g3)
     for i_k in range(tl.cdiv(K, BK)):
-        b_k0, b_k1, b_k2, b_k3 = _chunk_rows(k, k_enter, seq, i_bh, i_t, NT, i_k * BK, T, H, count, K, BK, CENTRE)
-        if STORE_KEY:
-            _store_rows(key + seq * K, b_k0, b_k1, b_k2, b_k3, t0, T, H * K, i_k * BK, K, BK)
+        b_k0, b_k1, b_k2, b_k3 = _chunk_rows(k, seq, i_t, i_k * BK, T, H, K, BK)
         x0, x1 = (b_k0 * f0[:, None]).to(dt), (b_k1 * f1[:, None]).to(dt)
         x2, x3 = (b_k2 * f2[:, None]).to(dt), (b_k3 * f3[:, None]).to(dt)
         _tri_apply(w + seq * K, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32, c33,
                    t0, T, H * K, i_k * BK, K, BK, PREC)
     for i_v in range(tl.cdiv(V, BV)):
-        b_v0, b_v1, b_v2, b_v3 = _chunk_rows(v, v_enter, seq, i_bh, i_t, NT, i_v * BV, T, H, count, V, BV, CENTRE)
-        if STORE_VALUE:
-            _store_rows(value + seq * V, b_v0, b_v1, b_v2, b_v3, t0, T, H * V, i_v * BV, V, BV)
+        b_v0, b_v1, b_v2, b_v3 = _chunk_rows(v, seq, i_t, i_v * BV, T, H, V, BV)
         x0, x1 = (b_v0 * b_b0[:, None]).to(dt), (b_v1 * b_b1[:, None]).to(dt)
         x2, x3 = (b_v2 * b_b2[:, None]).to(dt), (b_v3 * b_b3[:, None]).to(dt)
         _tri_apply(u0 + seq * V, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32, c33,
@@ -179,34 +171,15 @@ def wy_fwd_kernel(
 
 
 @triton.jit
-def _chunk_rows(x, enter, seq, i_bh, i_t, NT, col0, T, H, count, D: tl.constexpr, BC: tl.constexpr,
-                CENTRE: tl.constexpr):
+def _chunk_rows(x, seq, i_t, col0, T, H, D: tl.constexpr, BC: tl.constexpr):
     """Chunk i_t's rows of one head of x [B, T, H, D], columns col0 .. col0 + BC - 1, as four
-    [16, BC] blocks in x's dtype; with CENTRE, centred on their running means (triton_centring.py,
-    `enter` the entering sums) and rounded to x's dtype once."""
+    [16, BC] blocks in x's dtype."""
     p, t0 = x + seq * D, i_t * 64
     b_0 = load_tile(p, t0, col0, T, D, H * D, 16, BC)
     b_1 = load_tile(p, t0 + 16, col0, T, D, H * D, 16, BC)
     b_2 = load_tile(p, t0 + 32, col0, T, D, H * D, 16, BC)
     b_3 = load_tile(p, t0 + 48, col0, T, D, H * D, 16, BC)
-    if CENTRE:
-        dt = x.dtype.element_ty
-        b_s = load_enter(enter, i_bh, i_t, NT, col0, D, BC)
-        c_0, b_s = centre_rows(b_0, b_s, t0, T, count, 16)
-        c_1, b_s = centre_rows(b_1, b_s, t0 + 16, T, count, 16)
-        c_2, b_s = centre_rows(b_2, b_s, t0 + 32, T, count, 16)
-        c_3, b_s = centre_rows(b_3, b_s, t0 + 48, T, count, 16)
-        b_0, b_1, b_2, b_3 = c_0.to(dt), c_1.to(dt), c_2.to(dt), c_3.to(dt)
     return b_0, b_1, b_2, b_3
-
-
-@triton.jit
-def _store_rows(p, x0, x1, x2, x3, t0, T, stride, col0, n_cols, BC: tl.constexpr):
-    """Rows t0 .. t0 + 63, columns col0 .. col0 + BC - 1 of a [T, n_cols] matrix from four [16, BC] blocks."""
-    store_tile(p, x0, t0, col0, T, n_cols, stride, 16, BC)
-    store_tile(p, x1, t0 + 16, col0, T, n_cols, stride, 16, BC)
-    store_tile(p, x2, t0 + 32, col0, T, n_cols, stride, 16, BC)
-    store_tile(p, x3, t0 + 48, col0, T, n_cols, stride, 16, BC)
 
 
 @triton.jit
@@ -242,35 +215,18 @@ def wy_fwd(
     Returns (gamma [B, T, H] fp32 cumulative log2-gates or None, Tm [B, T, H, 64] or None
     unless store_tm, W [B, T, H, K], U0 [B, T, H, V]), Tm, W, U0 in k's dtype; row t of Tm
     holds row (t mod 64) of its chunk's inverse (only the backward reads it)."""
-    return wy_fwd_centred(k, v, beta, g, None, store_tm, False, False)[:4]
-
-
-def wy_fwd_centred(
-    k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None, centring: Centring | None,
-    store_tm: bool, store_key: bool, store_value: bool,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None,
-           torch.Tensor | None]:
-    """wy_fwd on keys and values centred on their running means (`centring`, triton_centring.py;
-    None: k and v as they are), which it also returns where store_key / store_value ask
-    ([B, T, H, K] / [B, T, H, V] in k's dtype, else None): (gamma, Tm, W, U0, key, value)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     dev, dt = k.device, k.dtype
-    NT = triton.cdiv(T, CHUNK)
-    k_enter, v_enter, count = centring_args(centring, k, NT, K, V, "wy_fwd")
     gam = new_buffer((B, T, H), torch.float32, dev) if g is not None else None
     tm = new_buffer((B, T, H, CHUNK), dt, dev) if store_tm else None
     w = new_buffer((B, T, H, K), dt, dev)
     u0 = new_buffer((B, T, H, V), dt, dev)
-    key = new_buffer((B, T, H, K), dt, dev) if store_key else None
-    value = new_buffer((B, T, H, V), dt, dev) if store_value else None
-    cfg = centring.launch if centring is not None else delta_launch(g is not None).wy_fwd
-    wy_fwd_kernel[(NT, B * H)](
-        k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm if store_tm else w, w, u0,
-        k_enter, v_enter, key if store_key else w, value if store_value else u0, T, NT, H, count,
+    cfg = delta_launch(g is not None).wy_fwd
+    wy_fwd_kernel[(triton.cdiv(T, CHUNK), B * H)](
+        k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm if store_tm else w, w, u0, T, H,
         K=K, V=V, BT=CHUNK, BK=block_size(K, cfg.BK), BV=block_size(V, cfg.BV),
         USE_G=g is not None, PREC=dot_precision(dt, cfg.fp32_dots), SOLVE_PREC=solve_precision(dt, cfg.tf32_solve, cfg.fp32_dots),
-        STORE_TM=store_tm, CENTRE=centring is not None, STORE_KEY=store_key, STORE_VALUE=store_value,
-        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        STORE_TM=store_tm, num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
-    return gam, tm, w, u0, key, value
+    return gam, tm, w, u0

@@ -14,14 +14,11 @@ Every division is by t or by max(t - 1, 1), so no value or gradient is ever inf 
 
 fp16/bf16/fp32 inputs: one pair of custom ops, lin_gdn_fwd / lin_gdn_bwd (so that
 torch.compile traces the Triton path as opaque nodes), holds the whole op. The forward runs
-the running-mean scans (keys, values, and the sums of v entering each 64-token chunk; or,
-under LinGdnLaunch.centre_in_wy, only the sums of k and v entering each chunk, from which the
-delta rule's WY kernel centres k and v as it loads them) and the gated delta rule's forward,
-whose output kernel adds vbar_t formed from v and those sums: the running mean is never
-stored whole. The backward runs the delta rule's backward (no gate or beta gradient: they
-come from positions) and the scans' adjoint, which reads o's cotangent in its own dtype as
-vbar's. With no gradient wanted, lin_gdn_infer stores nothing for a backward (under
-centre_in_wy value is never written, key once, by the WY kernel, for the state pass).
+the running-mean scans (keys, values, and the sums of v entering each 64-token chunk) and the
+gated delta rule's forward, whose output kernel adds vbar_t formed from v and those sums: the
+running mean is never stored whole. The backward runs the delta rule's backward (no gate or
+beta gradient: they come from positions) and the scans' adjoint, which reads o's cotangent in
+its own dtype as vbar's. With no gradient wanted, lin_gdn_infer stores nothing for a backward.
 fp64 inputs: the same formulas in torch (running_mean_torch), fp64 sums, key/value in fp32
 for the kernels, whose widest type is fp32, and vbar added after them in fp64.
 """
@@ -33,7 +30,6 @@ from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, op_name, or_placeholder, placeholder, present
 from kernels.common.launch import decode, encode, note_launch
-from kernels.gated_delta_rule.triton_centring import Centring
 from kernels.gated_delta_rule.triton_fwd import RunningMean
 from kernels.gated_delta_rule.triton_op import (
     ChunkDeltaRuleFunction,
@@ -44,7 +40,7 @@ from kernels.gated_delta_rule.triton_op import (
     wants_grad,
 )
 from kernels.gated_delta_rule.triton_wy import CHUNK
-from kernels.linearized_softmax_gdn.triton_prep import prep_bwd, prep_fwd, prep_sums_fwd, running_mean_torch
+from kernels.linearized_softmax_gdn.triton_prep import prep_bwd, prep_fwd, running_mean_torch
 
 OP = "linearized_softmax_gdn"
 DELTA_OP = "gated_delta_rule"  # the launch settings its delta rule runs under
@@ -61,16 +57,10 @@ def positional_gates(count: int, B: int, T: int, H: int, device: torch.device) -
 
 
 def _prepare(k: Tensor, v: Tensor, k_sum0: Tensor | None, v_sum0: Tensor | None, count: int):
-    """The running-mean preprocessing under the launch settings in effect: (the delta rule's
-    k and v, the RunningMean its output adds, its Centring or None, k_sum_T, v_sum_T). With
-    centre_in_wy the delta rule gets k and v as they are and centres them in its WY kernel;
-    otherwise the scans hand it key and value (triton_prep.py)."""
-    cfg = note_launch(OP)
-    if cfg.centre_in_wy:
-        k_enter, v_enter, k_sum, v_sum = prep_sums_fwd(k, v, k_sum0, v_sum0, cfg.prep)
-        return k, v, RunningMean(v, v_enter, count), Centring(k_enter, v_enter, count, cfg.wy_centred), k_sum, v_sum
-    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, count, cfg.prep)
-    return key, value, RunningMean(v, v_enter, count), None, k_sum, v_sum
+    """The running-mean scans (triton_prep.py) under the launch settings in effect: (key and
+    value, the delta rule's k and v; the RunningMean its output adds; k_sum_T, v_sum_T)."""
+    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, count, note_launch(OP).prep)
+    return key, value, RunningMean(v, v_enter, count), k_sum, v_sum
 
 
 @torch.library.custom_op(op_name("lin_gdn_fwd"), mutates_args=())
@@ -84,13 +74,12 @@ def lin_gdn_fwd(
     placeholder unless output_final_state), k_sum [B, H, K] and v_sum [B, H, V] fp32 after
     the last token, then what the backward reads: key, value, and the delta rule's gamma,
     Tm, W, U and per-chunk states (delta_rule_fwd's)."""
-    k_in, v_in, mean, centring, k_sum, v_sum = _prepare(k, v, k_sum0, v_sum0, count)
+    key, value, mean, k_sum, v_sum = _prepare(k, v, k_sum0, v_sum0, count)
     B, T, H = q.shape[:3]
     gate, beta = positional_gates(count, B, T, H, q.device)
     ctx = FunctionContext()
-    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, k_in, v_in, gate, beta, h0, DeltaOptions(scale, output_final_state),
-                                           mean, centring)
-    key, value = ctx.saved_tensors[1:3]  # the centred ones, whichever pass formed them
+    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, key, value, gate, beta, h0, DeltaOptions(scale, output_final_state),
+                                           mean)
     gam, tm, w, u, h = ctx.saved_tensors[4:]
     return o, or_placeholder(ht, q.device), k_sum, v_sum, key, value, gam, tm, w, u, h
 
@@ -176,10 +165,10 @@ def lin_gdn_infer(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """lin_gdn_fwd where no backward follows (same arguments): (o, the final h or a
     placeholder, k_sum, v_sum), keeping nothing for a backward."""
-    k_in, v_in, mean, centring, k_sum, v_sum = _prepare(k, v, k_sum0, v_sum0, count)
+    key, value, mean, k_sum, v_sum = _prepare(k, v, k_sum0, v_sum0, count)
     B, T, H = q.shape[:3]
     gate, beta = positional_gates(count, B, T, H, q.device)
-    o, ht = delta_rule_forward_only(q, k_in, v_in, gate, beta, h0, scale, output_final_state, mean, centring)
+    o, ht = delta_rule_forward_only(q, key, value, gate, beta, h0, scale, output_final_state, mean)
     return o, or_placeholder(ht, q.device), k_sum, v_sum
 
 

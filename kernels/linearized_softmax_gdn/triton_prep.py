@@ -10,17 +10,12 @@ The value identity holds because (1 - 1/t) / (t - 1) = 1/t (for t >= 2; at t = 1
 empty and both sides are 0), so keys and values are the same "centred" map x_t - S_t / t and
 one kernel serves both. Every division is by t >= 1: nothing is ever inf or NaN.
 
-Forward, two forms (LinGdnLaunch.centre_in_wy picks one):
-  prep_fwd, the scans (`running_mean_fwd`): one program per (sequence = batch x head, feature
-  block) walks T in chunks of BT rows, tl.cumsum inside the chunk plus an fp32 carry of the
-  sum so far, and writes key and value whole. The running mean of v, which the output adds,
-  is not stored: the scan of v stores the sum entering each 64-token chunk, and the delta
-  rule's output kernel forms v_bar from it and v.
-  prep_sums_fwd: only the sums entering each 64-token chunk (chunks summed in parallel, their
-  sums scanned); the delta rule's WY kernel forms key and value from k, v and those sums as it
-  loads them (kernels/gated_delta_rule/triton_centring.py) and stores them once, for the
-  state pass and the backward: k and v are read once, and no separate pass writes the
-  centred tensors and reads them back.
+Forward (prep_fwd, the scans `running_mean_fwd`): one program per (sequence = batch x head,
+feature block) walks T in chunks of BT rows, tl.cumsum inside the chunk plus an fp32 carry of
+the sum so far, and writes key and value whole (centring them inside the delta rule's WY
+kernel instead is slower: docs/design.md §7). The running mean of v, which the output adds, is
+not stored: the scan of v stores the sum entering each 64-token chunk, and the delta rule's
+output kernel forms v_bar from it and v.
 Backward (`running_mean_bwd`): the adjoint is the reverse scan. With c_t = x_t - S_t/t and
 m_t = S_t/t, the cotangent of S_t is r_t = (dm_t - dc_t) / t (+ dS_T at t = T), so
     dx_j = dc_j + sum_{t >= j} r_t,      ds0 = sum_t r_t + dS_T,
@@ -79,18 +74,6 @@ def running_mean_fwd_kernel(
             tl.store(p_enter, b_sum - b_x, mask=m_open)
         b_carry += tl.sum(b_x, axis=0)  # masked rows loaded as 0
     tl.store(s_final + i_bh * D + o_d, b_carry, mask=m_d)
-
-
-@triton.jit(do_not_specialize=["T", "NC"])
-def chunk_sums_kernel(x, sums, T, NC, H: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, BD: tl.constexpr):
-    """sums [B, H, NC, D] fp32: each CHUNK-row chunk of x [B, T, H, D] summed (rows past T
-    load as 0). Grid (cdiv(D, BD), NC, B*H)."""
-    i_d, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    seq = (i_b.to(tl.int64) * T * H + i_h) * D
-    b_x = load_tile(x + seq, i_c * CHUNK, i_d * BD, T, D, H * D, CHUNK, BD).to(tl.float32)
-    o_d = i_d * BD + tl.arange(0, BD)
-    tl.store(sums + (i_bh.to(tl.int64) * NC + i_c) * D + o_d, tl.sum(b_x, axis=0), mask=o_d < D)
 
 
 @triton.jit
@@ -169,24 +152,6 @@ def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store
     return centred, enter, s_final
 
 
-def entering_sums(x: torch.Tensor, s0: torch.Tensor | None, cfg: PrepLaunch | None = None, chunk: int = CHUNK):
-    """x: [B, T, H, D]; s0: [B, H, D] fp32 or None (zero). Returns (enter [B, H, cdiv(T,
-    chunk), D] fp32, the sum entering each chunk of `chunk` rows: s0 plus every row before
-    it; s_final [B, H, D] fp32, s0 plus every row). The chunks are summed in parallel, then
-    their sums scanned (NC values per feature)."""
-    B, T, H, D = x.shape
-    x = x.contiguous()
-    NC = triton.cdiv(T, chunk)
-    sums = new_buffer((B, H, NC, D), torch.float32, x.device)
-    cfg = cfg or prep_launch()
-    bd = max(cfg.min_BD, min(cfg.max_BD, triton.next_power_of_2(D)))
-    chunk_sums_kernel[(triton.cdiv(D, bd), NC, B * H)](x, sums, T, NC, H=H, D=D, CHUNK=chunk, BD=bd,
-                                                       num_warps=warps(cfg.num_warps))
-    enter = torch.zeros_like(sums) if s0 is None else s0.float()[:, :, None].expand_as(sums).clone()
-    enter[:, :, 1:] += torch.cumsum(sums[:, :, :-1], dim=2)
-    return enter, enter[:, :, -1] + sums[:, :, -1]
-
-
 def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has_s0: bool,
                      cfg: PrepLaunch | None = None):
     """Cotangents (each may be None, else [B, T, H, D]; ds_final [B, H, D]) -> (dx
@@ -220,18 +185,6 @@ def prep_fwd(k: torch.Tensor, v: torch.Tensor, k_sum0: torch.Tensor | None, v_su
     key, _, k_sum = running_mean_fwd(k, k_sum0, count, store_enter=False, cfg=cfg)
     value, v_enter, v_sum = running_mean_fwd(v, v_sum0, count, store_enter=True, cfg=cfg)
     return key, value, v_enter, k_sum, v_sum
-
-
-def prep_sums_fwd(k: torch.Tensor, v: torch.Tensor, k_sum0: torch.Tensor | None, v_sum0: torch.Tensor | None,
-                  cfg: PrepLaunch):
-    """The sums alone, for keys and values centred in the delta rule's WY kernel
-    (LinGdnLaunch.centre_in_wy): (k, v, k_sum0, v_sum0) -> (k_enter, v_enter, k_sum_T, v_sum_T),
-    all fp32: the sums of k and of v entering each 64-token chunk ([B, H, cdiv(T, 64), K] and
-    [..., V]; kernels/gated_delta_rule/triton_centring.py) and the sums after the last token.
-    Arguments as prep_fwd's."""
-    k_enter, k_sum = entering_sums(k, k_sum0, cfg)
-    v_enter, v_sum = entering_sums(v, v_sum0, cfg)
-    return k_enter, v_enter, k_sum, v_sum
 
 
 def prep_bwd(d_key, d_value, d_v_bar, d_k_sum, d_v_sum, count: int, k_meta: tuple, v_meta: tuple,

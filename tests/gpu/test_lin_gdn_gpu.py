@@ -3,13 +3,11 @@
 bf16, B = 1, T = 8192, H = 2, K = V = 128, fresh and from a state with count > 0, through
 linearized_softmax_gdn(backend="triton") (each case asserts that the Triton entry point
 ran), against the chunked PyTorch backend run in fp64 on the same GPU: o, the final
-LinGDNState and the gradients of q, k, v and of the state's h, k_sum, v_sum, under both forms
-of the preprocessing (the running-mean scans, and keys and values centred in the delta rule's
-WY kernel: LinGdnLaunch.centre_in_wy). Also the Triton running-mean preprocessing alone
-(triton_prep.py, called directly: it has no other backend to fall back to), in either form,
-against the per-token form of the CPU tests in fp64 (running_means_loop). Each error is held
-to TOL (whole tensor) and ROW_TOL (worst row, tests/util.py); all buffers the kernels write
-start as NaN.
+LinGDNState and the gradients of q, k, v and of the state's h, k_sum, v_sum. Also the
+Triton running-mean preprocessing alone (triton_prep.py, called directly: it has no other
+backend to fall back to) against the per-token form of the CPU tests in fp64
+(running_means_loop). Each error is held to TOL (whole tensor) and ROW_TOL (worst row,
+tests/util.py); all buffers the kernels write start as NaN.
 
 Skipped without CUDA, and in a session where TRITON_INTERPRET is set (run tests/gpu in a
 pytest session of its own). Errors are printed (-s) and, when GPU_ERRORS_JSON names a file,
@@ -59,15 +57,9 @@ def bf16_errors(pairs: dict, case: str) -> dict:
     return errors
 
 
-CENTRE_IN_WY = pytest.mark.parametrize("centre_in_wy", [False, True], ids=["scans", "centre_in_wy"])
-
-
-@CENTRE_IN_WY
 @pytest.mark.parametrize("count", [0, 37])
-def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count, centre_in_wy):
-    """Both forms of the preprocessing (LinGdnLaunch.centre_in_wy)."""
+def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count):
     lin = pytest.importorskip("kernels.linearized_softmax_gdn")
-    from kernels.common.launch import launch_settings
     from kernels.common.triton import utils
 
     leaves = make_leaves(count, seed=7 + count)
@@ -80,7 +72,7 @@ def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count, centre_in_wy):
     d_state = [torch.randn(s, device="cuda", generator=gen) for s in ((B, H, D, D), (B, H, D), (B, H, D))]
     utils.DEBUG.poison = True
     try:
-        with triton_ran("linearized_softmax_gdn"), launch_settings(linearized_softmax_gdn={"centre_in_wy": centre_in_wy}):
+        with triton_ran("linearized_softmax_gdn"):
             o, s = lin.linearized_softmax_gdn(*ours[:3], initial_state=st, output_final_state=True, backend="triton")
             grads = torch.autograd.grad((o, *s[:3]), ours, (do, *d_state))
     finally:
@@ -91,11 +83,10 @@ def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count, centre_in_wy):
     assert o.dtype == torch.bfloat16 and s.count == count + T
     pairs = {"o": (o, o_ref), "h": (s.h, s_ref.h), "k_sum": (s.k_sum, s_ref.k_sum), "v_sum": (s.v_sum, s_ref.v_sum)}
     pairs.update({n: (a, b) for n, a, b in zip(("dq", "dk", "dv", "dh0", "dk_sum0", "dv_sum0"), grads, grads_ref)})
-    bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}{'_centre_in_wy' if centre_in_wy else ''}")
+    bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}")
 
 
-@CENTRE_IN_WY
-def test_lin_gdn_prep_bf16_T8192_matches_loop(centre_in_wy):
+def test_lin_gdn_prep_bf16_T8192_matches_loop():
     """The preprocessing alone, from a state (count 37), every output (the entering sums of v
     for its running mean) and input gradient, against the per-token form written from the
     definitions (8192 steps of a loop in fp64)."""
@@ -108,18 +99,15 @@ def test_lin_gdn_prep_bf16_T8192_matches_loop(centre_in_wy):
     leaves = [leaves[1], leaves[2], leaves[4], leaves[5]]  # k, v, k_sum, v_sum
     utils.DEBUG.poison = True
     try:
-        out, grads, out_ref, grads_ref = run_prep(leaves, count, torch.bfloat16, settings("linearized_softmax_gdn").prep,
-                                                  centre_in_wy=centre_in_wy)
+        out, grads, out_ref, grads_ref = run_prep(leaves, count, torch.bfloat16, settings("linearized_softmax_gdn").prep)
     finally:
         utils.DEBUG.poison = False
     names = (*PREP_NAMES, "dk", "dv", "dk_sum0", "dv_sum0")
-    bf16_errors(dict(zip(names, zip((*out, *grads), (*out_ref, *grads_ref)))),
-                f"lin_gdn_prep_bf16_T{T}{'_centre_in_wy' if centre_in_wy else ''}")
+    bf16_errors(dict(zip(names, zip((*out, *grads), (*out_ref, *grads_ref)))), f"lin_gdn_prep_bf16_T{T}")
 
 
-@CENTRE_IN_WY
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
-def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, centre_in_wy):
+def test_lin_gdn_bf16_T8192_forward_without_gradient(fused):
     """The no-gradient forward (lin_gdn_infer; its running mean added in the fused state pass
     or in the output kernel, forced here): o and the final state against the fp64 chunked
     form, from a state (count 37)."""
@@ -132,8 +120,7 @@ def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, centre_in_wy):
     st = lin.LinGDNState(*leaves[3:], count)
     utils.DEBUG.poison = True
     try:
-        with launch_settings(gated_delta_rule={"infer_fused": {"enabled": fused, "min_heads": 1}},
-                             linearized_softmax_gdn={"centre_in_wy": centre_in_wy}), \
+        with launch_settings(gated_delta_rule={"infer_fused": {"enabled": fused, "min_heads": 1}}), \
                 triton_ran("linearized_softmax_gdn"), torch.no_grad():
             o, s = lin.linearized_softmax_gdn(*leaves[:3], initial_state=st, output_final_state=True, backend="triton")
     finally:
@@ -142,5 +129,4 @@ def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, centre_in_wy):
     o_ref, s_ref = lin.linearized_softmax_gdn(*ref[:3], initial_state=lin.LinGDNState(*ref[3:], count),
                                               output_final_state=True, backend="torch")
     pairs = {"o": (o, o_ref), "h": (s.h, s_ref.h), "k_sum": (s.k_sum, s_ref.k_sum), "v_sum": (s.v_sum, s_ref.v_sum)}
-    case = f"lin_gdn_bf16_T{T}_count{count}_no_gradient_{'fused' if fused else 'two_kernels'}"
-    bf16_errors(pairs, case + ("_centre_in_wy" if centre_in_wy else ""))
+    bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}_no_gradient_{'fused' if fused else 'two_kernels'}")

@@ -61,16 +61,11 @@ def test_fp16_fused_equals_two_kernels(launch):
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
-@pytest.mark.parametrize("op, gates", [("gdn", "strong"), ("gdn", "reset"), ("delta", None), ("lin_gdn", None),
-                                       ("lin_gdn_centre_in_wy", None)])
+@pytest.mark.parametrize("op, gates", [("gdn", "strong"), ("gdn", "reset"), ("delta", None), ("lin_gdn", None)])
 def test_nan_cases(launch, fused, op, gates):
     """Padded rows under strong gates and g = -inf (tests/nan_cases.py), outputs and final
-    states only: finite and within the bounds the forward with a backward meets (lin_gdn
-    also with its keys and values centred in the WY kernel)."""
+    states only: finite and within the bounds the forward with a backward meets."""
     launch(**each(DELTA_OPS, FUSED if fused else UNFUSED))
-    if op == "lin_gdn_centre_in_wy":
-        launch(linearized_softmax_gdn={"centre_in_wy": True})
-        op = "lin_gdn"
     for T in LENGTHS:
         leaves = make_leaves(op, T, gates, with_state=True)
         with torch.no_grad():
@@ -98,14 +93,12 @@ def test_routed_by_gradient(monkeypatch):
     assert calls == ["delta_rule_fwd", "delta_rule_fwd"]
 
 
-@pytest.mark.parametrize("centre_in_wy", [False, True], ids=["scans", "centre_in_wy"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
-def test_lin_gdn_inference_equals_training_forward(launch, fused, centre_in_wy):
+def test_lin_gdn_inference_equals_training_forward(launch, fused):
     """The linearized softmax GDN's no-gradient forward (lin_gdn_infer), its running mean
     added in the fused pass or in output_fwd: the training forward's output (two kernels: bit
-    for bit; fused: up to summation order) and final state, both reading the keys
-    wy_fwd_centred stores."""
-    launch(gated_delta_rule=FUSED if fused else UNFUSED, linearized_softmax_gdn={"centre_in_wy": centre_in_wy})
+    for bit; fused: up to summation order) and final state."""
+    launch(gated_delta_rule=FUSED if fused else UNFUSED)
     gen = torch.Generator().manual_seed(72)
     q, k = torch.randn(2, 2, 100, 2, 16, generator=gen)
     v = torch.randn(2, 100, 2, 16, generator=gen)

@@ -3,12 +3,11 @@ CPU interpreter (conftest: TRITON_INTERPRET=1, NaN-poisoned buffers).
 
 Fresh start (count = 0, where t = 1 must write nothing and produce no inf/NaN in values or
 gradients) and a continued state (count > 0); outputs, the final LinGDNState and the
-gradients of q, k, v and of the state's h, k_sum, v_sum. The running-mean preprocessing is
-also tested on its own against a per-token loop written here from the definitions
-(running_means_loop): the forward's entering sums and the keys and values the delta rule's WY
-kernel centres from them (wy_fwd_centred), and the backward's reverse scan with small tiles
-so that its carry crosses chunks, values and gradients; so is its torch form
-(running_mean_torch, what fp64 inputs run)."""
+gradients of q, k, v and of the state's h, k_sum, v_sum. The Triton running-mean
+preprocessing (triton_prep.py) is also tested on its own, values and gradients, with small
+tiles so that the scan carries across chunks, against a per-token loop written here from the
+definitions (running_means_loop); so is its torch form (running_mean_torch, what fp64 inputs
+run)."""
 
 from __future__ import annotations
 
@@ -22,10 +21,8 @@ if not hasattr(lin, "LinGDNState"):
     pytest.skip("kernels.linearized_softmax_gdn (LinGDNState) is not written yet", allow_module_level=True)
 
 from kernels.common.launch import settings  # noqa: E402
-from kernels.gated_delta_rule.triton_centring import Centring  # noqa: E402
-from kernels.gated_delta_rule.triton_wy import wy_fwd_centred  # noqa: E402
 from kernels.linearized_softmax_gdn import triton_prep  # noqa: E402
-from kernels.linearized_softmax_gdn.triton_op import linearized_softmax_gdn_triton, positional_gates  # noqa: E402
+from kernels.linearized_softmax_gdn.triton_op import linearized_softmax_gdn_triton  # noqa: E402
 
 LinGDNState = lin.LinGDNState
 
@@ -109,7 +106,7 @@ def test_no_final_state_fp32():
 
 
 def test_scan_across_chunks_fp32(launch):
-    """16-row tiles: the backward scan's carry crosses chunks (7 of them, the last partial)."""
+    """16-row tiles: the preprocessing's carry crosses chunks (7 of them, the last partial)."""
     launch(linearized_softmax_gdn={"prep": {"tile_elems": 256}})
     run_case(1, 100, 2, 32, 16, 4, torch.float32, seed=12)
 
@@ -120,15 +117,6 @@ def test_fused_state_output_fp32(launch, count):
     of heads, forced on here), the running mean added there: outputs, final state and every gradient."""
     launch(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}})
     run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
-
-
-@pytest.mark.parametrize(("T", "count", "fused"), [(1, 0, False), (63, 5, False), (130, 0, True), (100, 9, True)])
-def test_centre_in_wy_fp32(launch, T, count, fused):
-    """Keys and values centred in the WY kernel (LinGdnLaunch.centre_in_wy), with the output
-    in its own kernel or fused into the state pass: outputs, final state and every gradient."""
-    launch(linearized_softmax_gdn={"centre_in_wy": True}, gated_delta_rule={"fused_fwd": {"enabled": fused,
-                                                                                          "min_heads": 1}})
-    run_case(1, T, 2, 32, 16, count, torch.float32, seed=30 + T)
 
 
 def test_fp64_inputs_torch_preprocessing():
@@ -229,30 +217,16 @@ def entering_sums(v, v_sum0, chunk=64):
     return before[:, ::chunk].permute(0, 2, 1, 3)
 
 
-def centred_keys_values(k, v, k_sum0, v_sum0, count, cfg):
-    """The centre_in_wy form of the forward: prep_sums_fwd's entering sums (launch settings
-    cfg), then the delta rule's WY kernel centring k and v from them (wy_fwd_centred, storing
-    both): (key, value, v_enter, k_sum, v_sum), as prep_fwd returns them."""
-    k_enter, v_enter, k_sum, v_sum = triton_prep.prep_sums_fwd(k, v, k_sum0, v_sum0, cfg)
-    B, T, H = k.shape[:3]
-    gate, beta = positional_gates(count, B, T, H, k.device)
-    centring = Centring(k_enter, v_enter, count, settings("linearized_softmax_gdn").wy_centred)
-    *_, key, value = wy_fwd_centred(k, v, beta, gate, centring, False, True, True)
-    return key, value, v_enter, k_sum, v_sum
-
-
-def run_prep(leaves, count, dtype, cfg, seed=99, centre_in_wy=False):
-    """The forward's centring (prep_fwd, or centred_keys_values where centre_in_wy) and
-    prep_bwd (launch settings cfg) against running_means_loop in fp64 on leaves k, v (and,
-    with count, k_sum0, v_sum0): key, value, the entering sums of v (the loop's inputs give
-    theirs) and the final sums; then the gradients of k, v and the state's sums for random
-    cotangents of key, value, v_bar and the final sums. Returns (outputs, gradients,
-    reference outputs, reference gradients)."""
+def run_prep(leaves, count, dtype, cfg, seed=99):
+    """prep_fwd and prep_bwd (launch settings cfg) against running_means_loop in fp64 on
+    leaves k, v (and, with count, k_sum0, v_sum0): key, value, the entering sums of v (the
+    loop's inputs give theirs) and the final sums; then the gradients of k, v and the state's
+    sums for random cotangents of key, value, v_bar and the final sums. Returns (outputs,
+    gradients, reference outputs, reference gradients)."""
     leaves[:2] = [x.to(dtype) for x in leaves[:2]]
     ref = [x.double().requires_grad_(True) for x in leaves]
     sums, sums_ref = (leaves[2:], ref[2:]) if count else ([None, None], [None, None])
-    prep = centred_keys_values if centre_in_wy else triton_prep.prep_fwd
-    key, value, v_enter, k_sum, v_sum = prep(*leaves[:2], *sums, count, cfg)
+    key, value, v_enter, k_sum, v_sum = triton_prep.prep_fwd(*leaves[:2], *sums, count, cfg)
     out_ref = running_means_loop(*ref[:2], *sums_ref, count)
     assert [x.dtype for x in (key, value, v_enter, k_sum, v_sum)] == [dtype, dtype] + [torch.float32] * 3
     enter_ref = entering_sums(ref[1].detach(), sums_ref[1].detach() if count else None)
@@ -276,16 +250,13 @@ def run_prep(leaves, count, dtype, cfg, seed=99, centre_in_wy=False):
     (100, 24, 40, 3, 512, torch.float32),  # feature blocks past K, V: masked columns
     (130, 32, 32, 0, 256, torch.float16),  # three chunks of entering sums, 16-row tiles
     (200, 16, 16, 5, 8192, torch.float32),  # a tile of 256 rows opens four chunks
-    (70, 80, 72, 2, 4096, torch.float32),  # the WY kernel's feature slices: two, the second partial
+    (70, 80, 72, 2, 4096, torch.float32),  # five 16-wide feature blocks of K and of V, V's last partial
 ])
-@pytest.mark.parametrize("centre_in_wy", [False, True], ids=["scans", "centre_in_wy"])
-def test_prep_matches_loop(launch, T, K, V, count, tile_elems, dtype, centre_in_wy):
-    """The forward's centring (either form) and prep_bwd against running_means_loop: outputs
-    and gradients."""
+def test_prep_matches_loop(launch, T, K, V, count, tile_elems, dtype):
+    """prep_fwd / prep_bwd against running_means_loop: outputs and gradients."""
     launch(linearized_softmax_gdn={"prep": {"tile_elems": tile_elems}})
     leaves = prep_leaves(2, T, 2, K, V, count, seed=T + count)
-    out, grads, out_ref, grads_ref = run_prep(leaves, count, dtype, settings("linearized_softmax_gdn").prep,
-                                              centre_in_wy=centre_in_wy)
+    out, grads, out_ref, grads_ref = run_prep(leaves, count, dtype, settings("linearized_softmax_gdn").prep)
     if T == 1 and not count:  # t = 1 of an empty state: key and value exactly zero
         assert not out[0].any() and not out[1].any()
     assert_prep_within(prep_errors(out, grads, out_ref, grads_ref), TOL[dtype], ROW_TOL[dtype])
