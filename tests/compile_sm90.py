@@ -226,10 +226,15 @@ def run_ops() -> None:
                 print(f"compile_sm90: {name} with {label}", flush=True)
                 backward(calls[name]())
     # the forwards where no gradient is wanted (inference): the delta rules' state pass with
-    # the output fused (infer_fused; on from 32 sequences of heads, forced on here) and not
+    # the output fused (infer_fused; on from 32 sequences of heads, forced on here), also at
+    # the three stages it takes on a GPU where its programs are few (no multiprocessors here),
+    # and not fused
     fused_infer = {"infer_fused": {"enabled": True, "min_heads": 1}}
+    deep_infer = {"infer_fused": {"enabled": True, "min_heads": 1, "num_stages": 3}}
     delta_names = [n for n in calls if n.split(" ")[0] in ("delta_rule", "gated_delta_rule", "linearized_softmax_gdn")]
-    for label, over in (("fused", {"delta_rule": fused_infer, "gated_delta_rule": fused_infer}), ("two kernels", {})):
+    for label, over in (("fused", {"delta_rule": fused_infer, "gated_delta_rule": fused_infer}),
+                        ("fused, three stages", {"delta_rule": deep_infer, "gated_delta_rule": deep_infer}),
+                        ("two kernels", {})):
         with launch_settings(**over), torch.no_grad():
             for name in delta_names:
                 print(f"compile_sm90: {name} without a gradient, {label}", flush=True)

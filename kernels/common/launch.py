@@ -207,13 +207,15 @@ class StatePassLaunch(KernelLaunch):
         super().__post_init__()
         _check_pow2(self, "BV")
 
-    def stages_for(self, BK: int, element_size: int) -> int:
-        """num_stages of a pass whose K-block is BK wide over elements of element_size bytes:
-        one stage from 1 KB rows on (fp32 at K = 256), where two stages of its [chunk, BK]
-        tiles ask for more shared memory than a Hopper SM has (state_bwd: 336 of 227 KB), and
-        at most two from 512 B rows on (16-bit at K = 256), which three would overflow too."""
+    def stages_for(self, BK: int, element_size: int, stages: int | None = None) -> int:
+        """num_stages (or `stages`) of a pass whose K-block is BK wide over elements of
+        element_size bytes: one stage from 1 KB rows on (fp32 at K = 256), where two stages of
+        its [chunk, BK] tiles ask for more shared memory than a Hopper SM has (state_bwd: 336 of
+        227 KB), and at most two from 512 B rows on (16-bit at K = 256), which three would
+        overflow too."""
+        stages = self.num_stages if stages is None else stages
         row = BK * element_size
-        return 1 if row >= 1024 else min(self.num_stages, 2) if row >= 512 else self.num_stages
+        return 1 if row >= 1024 else min(stages, 2) if row >= 512 else stages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,17 +240,33 @@ class StateBwdLaunch(StatePassLaunch):
 class FusedStateLaunch(StatePassLaunch):
     """The delta-rule forward state pass with the output fused, from min_heads = B * H on;
     max_state (0: no cap) caps the state block a program holds, K x BV entries, by narrowing
-    BV (down to 16)."""
+    BV (down to 16); few_program_stages (0: num_stages everywhere) pipeline stages where the
+    grid's programs fill at most few_program_waves waves of the GPU (one program per
+    multiprocessor a wave): each program then walks its chunks with its SM nearly to itself,
+    and a deeper pipeline hides the loads that other programs would hide otherwise."""
 
     enabled: bool = False
     min_heads: int = 64
     max_state: int = 0
+    few_program_stages: int = 0
+    few_program_waves: int = 2
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_state and (self.max_state < 256 or self.max_state & (self.max_state - 1)):
             raise ValueError(f"FusedStateLaunch.max_state must be 0 (no cap) or a power of two >= 256, "
                              f"got {self.max_state!r}")
+        if self.few_program_stages < 0 or self.few_program_waves < 1:
+            raise ValueError(f"FusedStateLaunch.few_program_stages must be >= 0 (0: off) and few_program_waves "
+                             f">= 1, got {self.few_program_stages!r} and {self.few_program_waves!r}")
+
+    def stages_at(self, BK: int, element_size: int, programs: int, multiprocessors: int | None) -> int:
+        """stages_for a grid of `programs` on a GPU of `multiprocessors` (None: not a GPU, where
+        stages do not apply): few_program_stages where the programs fill at most
+        few_program_waves waves, else num_stages."""
+        few = (self.few_program_stages and multiprocessors is not None
+               and programs <= self.few_program_waves * multiprocessors)
+        return self.stages_for(BK, element_size, self.few_program_stages if few else None)
 
     def block_v(self, K: int) -> int:
         """The V-block cap at head dim K (a power of two)."""
@@ -308,9 +326,14 @@ class DeltaLaunch:
     # for the state pass then the output (DeltaNet 1.21 / 1.20 / 1.65 against 1.62 / 1.73 /
     # 2.08), at 8 warps 1.67 / 2.41 / 2.48; B * H from 32 to 512 (fewer heads: not yet timed).
     # A state block of at most 4,096 entries: BV 32 at K = 128 took GDN's pass at 2k from 976
-    # to 752 us (DeltaNet 709 -> 682), where at K = 64 BV 32 was slower (473 -> 658)
+    # to 752 us (DeltaNet 709 -> 682), where at K = 64 BV 32 was slower (473 -> 658).
+    # Three stages where the programs fill at most two waves (B * H x V-blocks <= 264 on an
+    # H100), two elsewhere; three everywhere (records 20261206T194547, T194558), GDN / DeltaNet
+    # pass at K = 128: 128 programs (32k) 1,242 / 1,122 -> 964 / 718 us, 512 (8k) 748 / 676 ->
+    # 969 / 702, 2,048 (2k) 753 / 681 -> 983 / 716; K = 64: 64 (32k) 1,207 / 925 -> 672 / 566,
+    # 256 (8k) 703 / 610 -> 497 / 463, 1,024 (2k) 486 / 468 -> 483 / 474
     infer_fused: FusedStateLaunch = FusedStateLaunch(enabled=True, min_heads=32, BV=64, num_warps=4, num_stages=2,
-                                                     max_state=4096)
+                                                     max_state=4096, few_program_stages=3, few_program_waves=2)
     output_fwd: NarrowVLaunch = NarrowVLaunch(BK=128, BV=128, num_warps=4, num_stages=2, narrow_num_warps=2)
     du_local: NarrowVLaunch = NarrowVLaunch(BK=128, BV=128, num_warps=4, num_stages=2, narrow_num_warps=2)
     # dU_local formed in the backward state pass (no du_local launch). One H100, DeltaNet,
@@ -332,7 +355,8 @@ DOT_PRECISIONS = ("ieee", "tf32", "tf32x3")
 class SolveLaunch:
     """Launch settings of mesa's CG kernels (kernels/mesa/triton_solve.py).
 
-    rows: rows (tokens) per program, the chunk or a fraction of it; num_warps: on a GPU;
+    rows: rows (tokens) per program, the chunk or a fraction of it; num_warps: on a GPU,
+    narrow_num_warps at head dims up to narrow_max_K (warps_for);
     weights_scan: segment sums by a running sum instead of an fp32 FMA product
     (chunk_weights); diag_cg_prec: diag(M) (the Jacobi start only) at the CG loop's dot
     precision instead of fp32 FMAs (the same for fp32 inputs); operands: the CG mat-vecs'
@@ -343,14 +367,27 @@ class SolveLaunch:
 
     rows: int = 64
     num_warps: int = 8
+    narrow_num_warps: int = 4
+    narrow_max_K: int = 64
     weights_scan: bool = False
     diag_cg_prec: bool = False
     operands: str = "fp32"
 
     def __post_init__(self) -> None:
         _check_pow2(self, "num_warps", (1, 2, 4, 8, 16, 32))
+        _check_pow2(self, "narrow_num_warps", (1, 2, 4, 8, 16, 32))
         if self.operands not in SOLVE_OPERANDS:
             raise ValueError(f"SolveLaunch.operands must be one of {SOLVE_OPERANDS}, got {self.operands!r}")
+
+    def warps_for(self, BK: int) -> int:
+        """num_warps of a program whose K-block is BK wide: narrow_num_warps up to narrow_max_K.
+        Every CG program holds its tiles in about 255 registers a thread (sm_90 screen), so an
+        8-warp program fills an SM's register file alone; where the tiles are small enough that
+        per-step latency, not dot throughput, sets the time (K = 64), two 4-warp programs
+        sharing an SM take half the time, and at K = 128 4 warps take twice as long (one H100,
+        T = 2k, forward / backward solve: K = 64 7,828 / 14,684 -> 3,999 / 7,555 us; K = 128
+        8,529 / 10,292 -> 15,749 / 25,638 us; records 20261206T194448 and T194514)."""
+        return self.narrow_num_warps if BK <= self.narrow_max_K else self.num_warps
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton import utils
 from kernels.common.triton.gates import causal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
@@ -191,6 +192,10 @@ def state_fwd(
     cfg = launch.state_fwd if q is None else _fused_settings(launch, inference=not store_states)
     cap = cfg.BV if q is None else cfg.block_v(full_block(K))
     BV = sequential_block_v(V, cap, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
+    if q is None:
+        stages = cfg.stages_for(full_block(K), k.element_size())
+    else:
+        stages = cfg.stages_at(full_block(K), k.element_size(), triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev))
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
         h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,
@@ -198,7 +203,7 @@ def state_fwd(
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
         STORE_STATES=store_states, HAS_MEAN=mean is not None, num_warps=warps(cfg.num_warps),
-        num_stages=cfg.stages_for(full_block(K), k.element_size()),
+        num_stages=stages,
     )
     return h, u, ht, o
 

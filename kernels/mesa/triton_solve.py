@@ -138,7 +138,7 @@ def mesa_fwd_solve(
     LAST_COMPILED["fwd"] = mesa_fwd_solve_kernel[grid](
         q, k, v, g, beta, lamb, h_kk, h_kv, q_star, o, float(scale), _tol2(tol), T, NT, steps,
         H=H, K=K, V=V, BT=chunk_size, BR=BR, BK=BK, BV=BV, HAS_TOL=tol is not None, PREC=prec, CG_PREC=cg_prec,
-        **solve_constexprs(launch, cg_prec), num_warps=warps(launch.num_warps), num_stages=1,
+        **solve_constexprs(launch, cg_prec), num_warps=warps(launch.warps_for(BK)), num_stages=1,
     )
     return q_star, o
 
@@ -160,6 +160,6 @@ def mesa_bwd_solve(
     LAST_COMPILED["bwd"] = mesa_bwd_solve_kernel[grid](
         k, v, g, beta, lamb, h_kk, h_kv, q_star, do, y, dq, e, dlamb, float(scale), _tol2(tol),
         T, NT, steps, H=H, K=K, V=V, BT=chunk_size, BR=BR, BK=BK, BV=BV, HAS_TOL=tol is not None,
-        PREC=prec, CG_PREC=cg_prec, **solve_constexprs(launch, cg_prec), num_warps=warps(launch.num_warps), num_stages=1,
+        PREC=prec, CG_PREC=cg_prec, **solve_constexprs(launch, cg_prec), num_warps=warps(launch.warps_for(BK)), num_stages=1,
     )
     return y, dq, e, dlamb.sum(0)

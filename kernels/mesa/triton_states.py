@@ -27,7 +27,7 @@ import triton.language as tl
 from kernels.common.launch import StateLaunch
 from kernels.common.triton.gates import log2_gates
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import new_buffer, warps
+from kernels.common.triton.utils import multiprocessors, new_buffer, warps
 from kernels.mesa.triton_system import load_gates
 
 
@@ -106,8 +106,8 @@ def _blocks(K: int, D: int, BH: int, device: torch.device, launch: StateLaunch) 
     would be too few programs per multiprocessor)."""
     BK = max(16, min(launch.max_BK, triton.next_power_of_2(K)))
     BD = max(16, min(launch.max_BD, triton.next_power_of_2(D)))
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = multiprocessors(device)
+    if sms is not None:
         while BD > launch.min_BD and BH * triton.cdiv(K, BK) * triton.cdiv(D, BD) < launch.min_programs * sms:
             BD //= 2
     return BK, BD

@@ -142,10 +142,17 @@ def test_local_du_in_state_bwd(case):
     assert not bad, f"{case} local dU: (error, two-launch error) over the bounds: {bad} (all: {local})"
 
 
-def forward_errors(case: str, fused: bool, dtype: torch.dtype) -> dict:
+# the no-gradient forward's forms: its state pass with the output fused, at the defaults (at
+# these few programs, FusedStateLaunch.few_program_stages) and at num_stages everywhere, or the
+# state pass then the output
+FORWARD_FORMS = {"fused": {"enabled": True}, "fused_num_stages": {"enabled": True, "few_program_stages": 0},
+                 "two_kernels": {"enabled": False}}
+
+
+def forward_errors(case: str, form: str, dtype: torch.dtype) -> dict:
     """Errors of o and the final state of the forward with no gradient wanted
     (delta_rule_infer: nothing stored for a backward; fused from min_heads sequences of heads
-    on, here forced on or off), inputs in `dtype`, against the fp64 chunked form."""
+    on, here forced on or off: FORWARD_FORMS), inputs in `dtype`, against the fp64 chunked form."""
     from kernels import delta_rule, gated_delta_rule
     from kernels.common.launch import launch_settings
     from kernels.common.triton import utils
@@ -154,7 +161,7 @@ def forward_errors(case: str, fused: bool, dtype: torch.dtype) -> dict:
     name, B, T, H, K, V, _, gate = CASES[case]
     op, op_name = (gated_delta_rule, "gated_delta_rule") if name == "gdn" else (delta_rule, "delta_rule")
     tensors, h0 = make_inputs(B, T, H, K, V, dtype, gate)
-    infer = {"infer_fused": {"enabled": fused, "min_heads": 1}}
+    infer = {"infer_fused": {**FORWARD_FORMS[form], "min_heads": 1}}
     utils.DEBUG.poison = True
     try:
         with launch_settings(delta_rule=infer, gated_delta_rule=infer), triton_ran(op_name), torch.no_grad():
@@ -165,19 +172,19 @@ def forward_errors(case: str, fused: bool, dtype: torch.dtype) -> dict:
     o_ref, ht_ref = chunk_gated_delta_rule(ref["q"], ref["k"], ref["v"], ref.get("g"), ref["beta"], K**-0.5,
                                            initial_state=h0.double(), output_final_state=True)
     errors = all_errors({"o": (o, o_ref), "final_state": (ht, ht_ref)})
-    label = f"{case} no gradient {'fused' if fused else 'two kernels'}"
+    label = f"{case} no gradient {form.replace('_', ' ')}"
     record_gpu_errors(label if dtype == CASES[case][6] else f"{label} as {str(dtype).removeprefix('torch.')}", errors)
     return errors
 
 
 @pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "gdn_bf16_T32768", "delta_fp16_T75_K64_V256"])
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
-def test_forward_without_gradient(case, fused):
+@pytest.mark.parametrize("form", list(FORWARD_FORMS))
+def test_forward_without_gradient(case, form):
     """o and the final state of the no-gradient forward, held as the forward with a backward
     is (test_matches_fp64_chunked: a bf16 worst row over ROW_TOL passes only as rounding)."""
-    errors = forward_errors(case, fused, CASES[case][6])
+    errors = forward_errors(case, form, CASES[case][6])
     for quantity in ("o", "final_state"):
-        assert_quantity(case, quantity, errors, lambda: forward_errors(case, fused, torch.float16))
+        assert_quantity(case, quantity, errors, lambda: forward_errors(case, form, torch.float16))
 
 
 def test_tf32x3_dots_hold_the_fp32_bounds():

@@ -4,7 +4,8 @@ Every case against the exact per-token reference (kernels/mesa/reference.py: a
 torch.linalg.solve of every token's system) in fp64 on the same GPU, on the inputs the
 kernels get: so the cases check that cg_steps of CG converge, not only that the kernels
 run CG as the chunked PyTorch form does. bf16 at T = 32k, 8192, 2100 and 300 with
-K = V = 128, fp32 at awkward K, V with a CG tolerance; the CG operand forms other than the
+K = V = 128 and at T = 2100 with K = V = 64, fp32 at awkward K, V (above and below 64) with
+a CG tolerance; the CG operand forms other than the
 default (MesaLaunch's SolveLaunch.operands) on cases of their own. The op runs through the public
 `mesa(backend="triton")`, and each case asserts that its Triton entry point ran. Each
 output and each gradient (q, k, v, g, beta, lamb, both initial states) is its own test
@@ -43,6 +44,10 @@ CASES = {
     "bf16_T2100_strong_vs_exact": (2, 2100, 2, 128, 128, torch.bfloat16, "strong", {"cg_steps": 30}),
     "fp32_T300_K100_V60_tol_vs_exact": (
         2, 300, 3, 100, 60, torch.float32, "near0", {"cg_steps": 100, "cg_tol": 1e-7}),
+    # head dims up to 64: the CG programs' narrow warps (SolveLaunch.warps_for)
+    "bf16_T2100_K64_strong_vs_exact": (2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30}),
+    "fp32_T300_K48_V40_tol_vs_exact": (
+        2, 300, 3, 48, 40, torch.float32, "near0", {"cg_steps": 100, "cg_tol": 1e-7}),
     # each CG operand form (SolveLaunch.operands, both solves) named, whatever the default
     "bf16_T8192_fp16_normed_vs_exact": (
         1, 8192, 2, 128, 128, torch.bfloat16, "near0", {"cg_steps": 30, "tuning": {"cg_operands": "fp16_normed"}}),

@@ -49,6 +49,11 @@ def full_block(dim: int) -> int:
     return max(16, triton.next_power_of_2(dim))
 
 
+def multiprocessors(device: torch.device) -> int | None:
+    """The streaming multiprocessors of a CUDA device; None for any other device."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+
+
 def sequential_block_v(
     V: int, cap: int, min_bv: int, min_waves: int, programs_per_block: int, device: torch.device
 ) -> int:
@@ -58,8 +63,8 @@ def sequential_block_v(
     GPU's multiprocessors: with few sequences, more and narrower programs finish sooner.
     On the CPU the cap itself."""
     bv = block_size(V, cap)
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = multiprocessors(device)
+    if sms is not None:
         floor = max(16, min_bv)
         while bv > floor and programs_per_block * triton.cdiv(V, bv) < min_waves * sms:
             bv //= 2

@@ -96,6 +96,43 @@ def test_narrow_value_blocks_take_narrow_warps(monkeypatch, module, kernel):
     assert seen == [(32, 1)]
 
 
+def test_mesa_solves_take_narrow_warps_at_small_head_dims(monkeypatch):
+    """MesaNet's forward and backward CG solves launch with narrow_num_warps (4) where the
+    K-block is at most narrow_max_K (64) wide and with num_warps (8) above it (K = 100 pads to
+    a 128 block); a launch_settings change of either reaches the launch."""
+    from kernels import mesa
+    from kernels.mesa import triton_solve
+
+    asked, seen = [], []
+    warps = triton_solve.warps
+    # under the interpreter warps() turns every request into 1 warp: the request is read where
+    # it is made, and each launch notes (its K-block, the last request)
+    monkeypatch.setattr(triton_solve, "warps", lambda n: asked.append(n) or warps(n))
+    for name in ("mesa_fwd_solve_kernel", "mesa_bwd_solve_kernel"):
+        monkeypatch.setattr(triton_solve, name, _LaunchSpy(getattr(triton_solve, name),
+                                                           lambda kw: seen.append((kw["BK"], asked[-1]))))
+
+    def run(K):
+        gen = torch.Generator().manual_seed(1)
+        q, k, v = (torch.nn.functional.normalize(torch.randn(1, 20, 1, K, generator=gen), dim=-1) for _ in range(3))
+        g = -torch.rand(1, 20, 1, generator=gen)
+        beta = torch.rand(1, 20, 1, generator=gen)
+        lamb = torch.ones(1, K)
+        leaves = [t.requires_grad_(True) for t in (q, k, v, g, beta, lamb)]
+        mesa(*leaves, cg_steps=2, backend="triton")[0].sum().backward()
+
+    for K, expected in ((16, 4), (64, 4), (100, 8), (128, 8)):
+        seen.clear()
+        run(K)
+        assert seen == [(max(16, 1 << (K - 1).bit_length()), expected)] * 2, (K, seen)
+    seen.clear()
+    with launch.launch_settings(mesa={"fwd_solve": {"narrow_num_warps": 2}, "bwd_solve": {"narrow_max_K": 32}}):
+        run(64)
+    assert seen == [(64, 2), (64, 8)]
+    with pytest.raises(ValueError, match="narrow_num_warps"):
+        launch.SolveLaunch(narrow_num_warps=3)
+
+
 @pytest.mark.parametrize("K, expected", [(128, 32), (64, 64)])
 def test_the_no_gradient_fused_pass_caps_its_state_block(monkeypatch, K, expected):
     """The no-gradient fused state pass holds at most infer_fused.max_state (4,096) state
@@ -113,6 +150,35 @@ def test_the_no_gradient_fused_pass_caps_its_state_block(monkeypatch, K, expecte
     for bad in (100, 3000):
         with pytest.raises(ValueError, match="max_state"):
             launch.FusedStateLaunch(max_state=bad)
+
+
+def test_the_no_gradient_fused_pass_goes_deeper_where_programs_are_few(monkeypatch):
+    """The no-gradient fused state pass takes few_program_stages (3) where its programs fill at
+    most few_program_waves (2) waves of the GPU's multiprocessors and num_stages (2) elsewhere,
+    within the wide-row caps of stages_for; off the GPU, and for the training pass (off), the
+    plain num_stages. The launch reads the device's multiprocessors (faked here: 132, an H100)."""
+    from kernels.common.triton import utils
+    from kernels.gated_delta_rule import triton_fwd
+
+    cfg = launch.settings("gated_delta_rule").infer_fused
+    assert (cfg.num_stages, cfg.few_program_stages, cfg.few_program_waves) == (2, 3, 2)
+    assert [cfg.stages_at(128, 2, programs, 132) for programs in (1, 128, 264, 265, 2048)] == [3, 3, 3, 2, 2]
+    assert cfg.stages_at(128, 2, 4, None) == 2
+    assert cfg.stages_at(256, 2, 4, 132) == 2 and cfg.stages_at(128, 4, 4, 132) == 2 and cfg.stages_at(256, 4, 4, 132) == 1
+    assert launch.settings("gated_delta_rule").fused_fwd.stages_at(128, 2, 4, 132) == 2
+    with pytest.raises(ValueError, match="few_program"):
+        launch.FusedStateLaunch(few_program_stages=-1)
+
+    seen = []
+    monkeypatch.setattr(triton_fwd, "state_fwd_kernel",
+                        _LaunchSpy(triton_fwd.state_fwd_kernel, lambda kw: seen.append(kw["num_stages"])))
+    q, k, v, g, beta = (t.detach() for t in _gdn_inputs(T=20, H=1, K=32, V=32))
+    for sms, expected in ((None, 2), (132, 3)):
+        monkeypatch.setattr(utils, "multiprocessors", lambda device, sms=sms: sms)
+        seen.clear()
+        with torch.no_grad(), launch.launch_settings(gated_delta_rule={"infer_fused": {"min_heads": 1}}):
+            gated_delta_rule(q, k, v, g, beta, backend="triton")
+        assert seen == [expected], (sms, seen)
 
 
 def test_state_passes_take_fewer_stages_for_wide_rows():
