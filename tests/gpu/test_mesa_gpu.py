@@ -44,8 +44,11 @@ CASES = {
     "bf16_T2100_strong_vs_exact": (2, 2100, 2, 128, 128, torch.bfloat16, "strong", {"cg_steps": 30}),
     "fp32_T300_K100_V60_tol_vs_exact": (
         2, 300, 3, 100, 60, torch.float32, "near0", {"cg_steps": 100, "cg_tol": 1e-7}),
-    # head dims up to 64: the CG programs' narrow warps (SolveLaunch.warps_for)
+    # head dims up to 64: the CG programs' narrow warps (SolveLaunch.warps_for), and the same
+    # case at the wide programs' 8 warps
     "bf16_T2100_K64_strong_vs_exact": (2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30}),
+    "bf16_T2100_K64_strong_8warps_vs_exact": (
+        2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30, "tuning": {"narrow_num_warps": 8}}),
     "fp32_T300_K48_V40_tol_vs_exact": (
         2, 300, 3, 48, 40, torch.float32, "near0", {"cg_steps": 100, "cg_tol": 1e-7}),
     # each CG operand form (SolveLaunch.operands, both solves) named, whatever the default
@@ -122,9 +125,10 @@ def errors_of(case: str) -> dict:
         return mesa_reference(*x[:6], scale, initial_state=MesaState(*x[6:]), output_final_state=True)
 
     utils.DEBUG.poison = True
-    operands = {part: {"operands": tuning["cg_operands"]} for part in ("fwd_solve", "bwd_solve")} if tuning else {}
+    # tuning: cg_operands -> both solves' operands; any other key -> both solves' field of that name
+    solve = {("operands" if key == "cg_operands" else key): value for key, value in tuning.items()}
     try:
-        with launch_settings(mesa=operands):
+        with launch_settings(mesa={part: solve for part in ("fwd_solve", "bwd_solve")} if solve else {}):
             got, cotangents = _outputs_and_grads(run_ours, ours)
     finally:
         utils.DEBUG.poison = False
