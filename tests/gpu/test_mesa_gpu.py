@@ -44,11 +44,8 @@ CASES = {
     "bf16_T2100_strong_vs_exact": (2, 2100, 2, 128, 128, torch.bfloat16, "strong", {"cg_steps": 30}),
     "fp32_T300_K100_V60_tol_vs_exact": (
         2, 300, 3, 100, 60, torch.float32, "near0", {"cg_steps": 100, "cg_tol": 1e-7}),
-    # head dims up to 64: the CG programs' narrow warps (SolveLaunch.warps_for), and the same
-    # case at the wide programs' 8 warps
+    # head dims up to 64: the CG programs' narrow warps (SolveLaunch.warps_for)
     "bf16_T2100_K64_strong_vs_exact": (2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30}),
-    "bf16_T2100_K64_strong_8warps_vs_exact": (
-        2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30, "tuning": {"narrow_num_warps": 8}}),
     "fp32_T300_K48_V40_tol_vs_exact": (
         2, 300, 3, 48, 40, torch.float32, "near0", {"cg_steps": 100, "cg_tol": 1e-7}),
     # each CG operand form (SolveLaunch.operands, both solves) named, whatever the default
@@ -61,6 +58,10 @@ CASES = {
     "bf16_T8192_fp32_operands_vs_exact": (
         1, 8192, 2, 128, 128, torch.bfloat16, "near0", {"cg_steps": 30, "tuning": {"cg_operands": "fp32"}}),
 }
+# cases compared with a CASES entry rather than held to the bounds: the K = 64 case with its
+# CG programs at the wide programs' 8 warps
+TWINS = {"bf16_T2100_K64_strong_8warps": (
+    2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30, "tuning": {"narrow_num_warps": 8}})}
 QUANTITIES = ("o", "h_kk", "h_kv", "dq", "dk", "dv", "dg", "dbeta", "dlamb", "dh_kk0", "dh_kv0")
 
 
@@ -106,7 +107,7 @@ def errors_of(case: str) -> dict:
     from kernels.mesa.reference import mesa_reference
     from kernels.mesa.state import MesaState
 
-    B, T, H, K, V, dtype, gates, options = CASES[case]
+    B, T, H, K, V, dtype, gates, options = {**CASES, **TWINS}[case]
     options = dict(options)
     tuning = options.pop("tuning", {})
     base = make_inputs(B, T, H, K, V, gates)
@@ -147,3 +148,13 @@ def test_matches_exact_fp64(case, quantity):
     whole, row = errors[quantity], errors[f"{quantity} (worst row)"]
     assert whole < TOL[dtype], f"{case} {quantity}: {whole:.3e} >= {TOL[dtype]} (all: {errors})"
     assert row < ROW_TOL[dtype], f"{case} {quantity} (worst row): {row:.3e} >= {ROW_TOL[dtype]} (all: {errors})"
+
+
+def test_narrow_warps_match_wide_warps():
+    """The K = 64 strong-gate case with its CG programs at the narrow warps (4, the default
+    there) and at 8: every output's and gradient's error against the exact solve, worst rows
+    included, the same to within 1 % (the two differ only in the order of fp32 sums; one H100
+    gave them equal to 3-4 digits, results/findings/gpu_test_errors_h100_20261206_mesa_warps.json)."""
+    narrow, wide = errors_of("bf16_T2100_K64_strong_vs_exact"), errors_of("bf16_T2100_K64_strong_8warps")
+    apart = {n: (narrow[n], wide[n]) for n in narrow if abs(narrow[n] - wide[n]) > 0.01 * wide[n] + 1e-7}
+    assert not apart, f"narrow / wide warps' errors apart: {apart}"
