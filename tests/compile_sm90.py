@@ -217,6 +217,7 @@ def run_ops() -> None:
          {"gated_delta_rule": {"state_bwd": {"local_du": True, "min_heads": 1, "max_K": 256}}}, ["gated_delta_rule"]),
         *[(f"cg_operands={operands}", {"mesa": {"fwd_solve": {"operands": operands}, "bwd_solve": {"operands": operands}}},
            ["mesa"]) for operands in ("fp32", "fp16_normed")],
+        ("gradients over 32 key columns", {"mesa": {"grads": {"BC": 32}}}, ["mesa", "mesa with a state"]),
         ("mesa state passes 128 x 32, 8 warps, 3 stages",
          {"mesa": {"states": {"max_BK": 128, "max_BD": 32, "num_warps": 8, "num_stages": 3}}}, ["mesa"]),
     ]

@@ -10,7 +10,7 @@ CHUNK_OPS = ("linear_attention", "gated_linear_attention")
 DELTA_OPS = ("delta_rule", "gated_delta_rule")
 # the ChunkLaunch fields of the fused linear/GLA forward, one per gate mode
 FUSED_FORWARD_FIELDS = ("fwd_fused", "fwd_fused_scalar", "fwd_fused_vector")
-TILE_FIELDS = ("BK", "BV", "min_BV", "max_BK", "max_BD", "min_BD")
+TILE_FIELDS = ("BK", "BV", "BC", "min_BV", "max_BK", "max_BD", "min_BD")
 
 
 def each(ops: tuple[str, ...], changes: Any) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def fused_forward_changes(**fields: Any) -> dict[str, dict[str, Any]]:
 
 def small_tiles(settings: Any, **extra: Any) -> dict[str, dict[str, Any]]:
     """Changes that set every tile cap of an op's settings object (BK, BV, min_BV and mesa's
-    state blocks) to 16, and the fields in `extra` wherever a kernel has them
+    state and key-column blocks) to 16, and the fields in `extra` wherever a kernel has them
     (e.g. min_heads=1)."""
     changes: dict[str, dict[str, Any]] = {}
     for f in dataclasses.fields(settings):

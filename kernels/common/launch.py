@@ -391,6 +391,19 @@ class SolveLaunch:
 
 
 @dataclasses.dataclass(frozen=True)
+class GradsLaunch(KernelLaunch):
+    """Launch settings of mesa's gradient kernel (kernels/mesa/triton_grads.py). BC: key
+    columns of dk per step (a power of two; capped at the whole K-block): below it the
+    [K, K] state gradient is read in [K, BC] column blocks, never held whole."""
+
+    BC: int = 256
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_pow2(self, "BC")
+
+
+@dataclasses.dataclass(frozen=True)
 class StateLaunch:
     """Launch settings of mesa's state passes (kernels/mesa/triton_states.py).
 
@@ -432,7 +445,7 @@ class MesaLaunch:
     bwd_solve: SolveLaunch = SolveLaunch(rows=32, num_warps=8, weights_scan=True, diag_cg_prec=True,
                                          operands="fp16_normed")
     states: StateLaunch = StateLaunch(max_BK=128, max_BD=64, min_BD=16, min_programs=2, num_warps=4, num_stages=2)
-    grads: KernelLaunch = KernelLaunch(num_warps=8, num_stages=1)
+    grads: GradsLaunch = GradsLaunch(num_warps=8, num_stages=1, BC=256)
 
     def __post_init__(self) -> None:
         for name in ("prec", "cg_prec"):

@@ -90,6 +90,6 @@ class MesaFunction(torch.autograd.Function):
         dh_kv, dh_kv0, decay_kv = mesa_bwd_states(q_star, do, g, h_kv, dht_kv, 1.0, ctx.has_h0[1], BT, prec, states)
         dk, dv, dbeta, dg = mesa_bwd_grads(
             k, v, g, beta, q_star, y, do, dh_kk, dh_kv, e, decay_kk + decay_kv, BT, prec,
-            num_warps=launch.grads.num_warps,
+            launch=launch.grads,
         )
         return dq, dk, dv, dg.to(g.dtype), dbeta.to(beta.dtype), dlamb, dh_kk0, dh_kv0, None

@@ -17,6 +17,10 @@ These are sums of the terms themselves, never differences of cumulative sums, so
 digits cancel. The [BT, BT] matrices are held transposed (row j: key, column i: query) so
 that no dot ever takes tl.trans of another dot's result (miscompiled on Hopper by Triton
 3.4 to 3.7.0, flash-linear-attention issue 640).
+
+One program per chunk and head. dk and du are formed over blocks of BC key columns
+(GradsLaunch.BC, the whole K by default): each step reads its [K, BC] columns of dH' + dH'^T
+and its BC rows of dS', so below the whole K the [K, K] state gradient is never held at once.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.launch import GradsLaunch
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import new_buffer, warps
 from kernels.mesa.triton_system import decay_to_end, load_gates
@@ -34,7 +39,7 @@ from kernels.mesa.triton_system import decay_to_end, load_gates
 def mesa_bwd_grads_kernel(
     k, v, g, beta, q_star, y, do, dh_kk, dh_kv, e, decay_grad, dk, dv, dbeta, dg, T, NT,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, PREC: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
 ):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -54,41 +59,46 @@ def mesa_bwd_grads_kernel(
 
     b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
     b_kx = tl.dot(b_k, load_tile_t(q_star + seq * K, t0, 0, T, K, H * K, BT, BK), input_precision=PREC)
-    b_ky = tl.dot(b_k, load_tile_t(y + seq * K, t0, 0, T, K, H * K, BT, BK), input_precision=PREC)
+    b_vmy = -tl.dot(b_k, load_tile_t(y + seq * K, t0, 0, T, K, H * K, BT, BK), input_precision=PREC)
     # tiles are re-read rather than kept live across loops (registers)
-    b_vo = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = v_j . do_i
     for i_v in range(tl.cdiv(V, BV)):
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
         b_do_t = load_tile_t(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
-        b_vo += tl.dot(b_v, b_do_t, input_precision=PREC)
+        b_vmy += tl.dot(b_v, b_do_t, input_precision=PREC)  # [j, i] += v_j . do_i
         b_do = load_tile(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
         b_ds = load_tile(dh_kv + chunk * K * V, 0, i_v * BV, K, V, V, BK, BV)
         b_ku = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32) * b_u[:, None]
         b_dv = (tl.dot(b_kx * b_gamma_t * b_beta[:, None], b_do, input_precision=PREC)
                 + tl.dot(b_ku, b_ds, input_precision=PREC))
         store_tile(dv + seq * V, b_dv, t0, i_v * BV, T, V, H * V, BT, BV)
-    b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
-    b_dh_sym = (load_tile(dh_kk + chunk * K * K, 0, 0, K, K, K, BK, BK)
-                + load_tile_t(dh_kk + chunk * K * K, 0, 0, K, K, K, BK, BK))
-    b_z = tl.dot(b_k, b_dh_sym, input_precision=PREC)  # rows (dH' + dH'^T) k_j
-    b_du = 0.5 * tl.sum(b_k * b_z, axis=1)
-    b_zv = tl.zeros([BT, BK], dtype=tl.float32)  # rows dS' v_j
-    for i_v in range(tl.cdiv(V, BV)):
-        b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
-        b_ds_t = load_tile_t(dh_kv + chunk * K * V, 0, i_v * BV, K, V, V, BK, BV)
-        b_zv += tl.dot(b_v, b_ds_t, input_precision=PREC)
-    b_du += tl.sum(b_k * b_zv, axis=1)
-    b_z += b_zv
+
+    # dk and du over blocks of BC key columns: rows (dH' + dH'^T) k_j and dS' v_j, column by
+    # column block, so that the [K, K] state gradient is never held whole
+    b_du = tl.zeros([BT], dtype=tl.float32)
+    for i_c in range(tl.cdiv(K, BC)):
+        c0 = i_c * BC
+        b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
+        b_dh_sym = (load_tile(dh_kk + chunk * K * K, 0, c0, K, K, K, BK, BC)
+                    + load_tile_t(dh_kk + chunk * K * K, c0, 0, K, K, K, BC, BK))  # (dH' + dH'^T)[:, c]
+        b_z = tl.dot(b_k, b_dh_sym, input_precision=PREC)
+        b_kc = load_tile(k + seq * K, t0, c0, T, K, H * K, BT, BC).to(tl.float32)
+        b_du += 0.5 * tl.sum(b_kc * b_z, axis=1)
+        b_zv = tl.zeros([BT, BC], dtype=tl.float32)
+        for i_v in range(tl.cdiv(V, BV)):
+            b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
+            b_ds_t = load_tile_t(dh_kv + chunk * K * V, c0, i_v * BV, K, V, V, BC, BV)  # dS'[c, v]^T
+            b_zv += tl.dot(b_v, b_ds_t, input_precision=PREC)
+        b_du += tl.sum(b_kc * b_zv, axis=1)
+        b_dk = b_u[:, None] * (b_z + b_zv)
+        b_w_t = b_gamma_t * b_beta[:, None]
+        b_x = load_tile(q_star + seq * K, t0, c0, T, K, H * K, BT, BC)
+        b_dk += tl.dot(b_vmy * b_w_t, b_x, input_precision=PREC)
+        b_yy = load_tile(y + seq * K, t0, c0, T, K, H * K, BT, BC)
+        b_dk -= tl.dot(b_kx * b_w_t, b_yy, input_precision=PREC)
+        store_tile(dk + seq * K, b_dk, t0, c0, T, K, H * K, BT, BC)
 
     b_w_t = b_gamma_t * b_beta[:, None]
-    b_dk = b_u[:, None] * b_z
-    b_x = load_tile(q_star + seq * K, t0, 0, T, K, H * K, BT, BK)
-    b_dk += tl.dot((b_vo - b_ky) * b_w_t, b_x, input_precision=PREC)
-    b_yy = load_tile(y + seq * K, t0, 0, T, K, H * K, BT, BK)
-    b_dk -= tl.dot(b_kx * b_w_t, b_yy, input_precision=PREC)
-    store_tile(dk + seq * K, b_dk, t0, 0, T, K, H * K, BT, BK)
-
-    b_dw_t = tl.where(m_lower_t, b_kx * (b_vo - b_ky), 0.0)
+    b_dw_t = tl.where(m_lower_t, b_kx * b_vmy, 0.0)
     b_dbeta = tl.sum(b_dw_t * b_gamma_t, axis=1) + b_to_end * b_du
     tl.store(dbeta + seq + (t0 + o_j) * H, b_dbeta, mask=m_j)
 
@@ -107,24 +117,27 @@ def mesa_bwd_grads_kernel(
 def mesa_bwd_grads(
     k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, q_star: torch.Tensor,
     y: torch.Tensor, do: torch.Tensor, dh_kk: torch.Tensor, dh_kv: torch.Tensor, e: torch.Tensor,
-    decay_grad: torch.Tensor, chunk_size: int, prec: str, num_warps: int = 4,
+    decay_grad: torch.Tensor, chunk_size: int, prec: str, launch: GradsLaunch = GradsLaunch(),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dk [B, T, H, K] (k's dtype), dv [B, T, H, V] (v's dtype), dbeta and dg [B, T, H] fp32.
 
     k, q_star, y: [B, T, H, K]; v, do: [B, T, H, V]; g, beta, e: [B, T, H]; dh_kk:
     [B, H, NT, K, K], dh_kv: [B, H, NT, K, V] fp32 gradients of the states leaving each
-    chunk; decay_grad: [B, H, NT] fp32, the chunk-decay gradients of both states summed."""
+    chunk; decay_grad: [B, H, NT] fp32, the chunk-decay gradients of both states summed.
+    launch: warps and the key-column block of dk (GradsLaunch.BC, at most the whole K)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     BK = max(16, triton.next_power_of_2(K))
     BV = max(16, min(64, triton.next_power_of_2(V)))
+    BC = min(BK, launch.BC)
     dk = new_buffer((B, T, H, K), k.dtype, k.device)
     dv = new_buffer((B, T, H, V), v.dtype, v.device)
     dbeta = new_buffer((B, T, H), torch.float32, k.device)
     dg = new_buffer((B, T, H), torch.float32, k.device)
     mesa_bwd_grads_kernel[(NT, B * H)](
         k, v, g, beta, q_star, y, do, dh_kk, dh_kv, e, decay_grad.contiguous(), dk, dv, dbeta, dg, T, NT,
-        H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, PREC=prec, num_warps=warps(num_warps), num_stages=1,
+        H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, BC=BC, PREC=prec, num_warps=warps(launch.num_warps),
+        num_stages=launch.num_stages,
     )
     return dk, dv, dbeta, dg

@@ -150,17 +150,18 @@ def test_the_launch_sweep_varies_block_sizes():
     assert {(x["wy_fwd"]["BK"], x["output_fwd"]["BV"]) for x in launches} == {(a, b) for a in (32, 64, 128) for b in (64, 128)}
 
 
-def test_the_mesa_launch_sweep_varies_the_solve_warps_and_forward_rows():
+def test_the_mesa_launch_sweep_varies_the_solve_warps_rows_and_gradient_columns():
     from pathlib import Path
 
     from harness.sweep import expand, load_sweep
 
     plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-mesa.yaml"), "cuda")
     launches = [p.config.get("launch", {}).get("mesa", {}) for p in plan.points]
-    assert len(plan.points) == len({p.key for p in plan.points}) == 4
+    assert len(plan.points) == len({p.key for p in plan.points}) == 6
     settings = {(x.get("fwd_solve", {}).get("num_warps"), x.get("bwd_solve", {}).get("num_warps"),
-                 x.get("fwd_solve", {}).get("rows")) for x in launches}
-    assert settings == {(None, None, None), (4, 4, 64), (4, 4, 32), (None, None, 32)}
+                 x.get("fwd_solve", {}).get("rows"), x.get("grads", {}).get("BC")) for x in launches}
+    assert settings == {(None, None, None, None), (4, 4, 64, None), (4, 4, 32, None), (None, None, 32, None),
+                        (None, None, None, 64), (None, None, None, 32)}
 
 
 def test_the_gpu_sweep_times_every_op_and_both_gla_gates():

@@ -133,6 +133,29 @@ def test_mesa_solves_take_narrow_warps_at_small_head_dims(monkeypatch):
         launch.SolveLaunch(narrow_num_warps=3)
 
 
+def test_mesa_gradients_take_their_key_column_block(monkeypatch):
+    """MesaNet's gradient kernel forms dk over GradsLaunch.BC key columns, capped at the whole
+    K-block (K = 40: a 64 block by default, 16 when asked); a BC that is not a tile width is
+    refused."""
+    from kernels import mesa
+    from kernels.mesa import triton_grads
+
+    seen = []
+    monkeypatch.setattr(triton_grads, "mesa_bwd_grads_kernel",
+                        _LaunchSpy(triton_grads.mesa_bwd_grads_kernel, lambda kw: seen.append((kw["BK"], kw["BC"]))))
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.nn.functional.normalize(torch.randn(1, 20, 1, 40, generator=gen), dim=-1) for _ in range(3))
+    leaves = [t.requires_grad_(True) for t in (q, k, v, -torch.rand(1, 20, 1, generator=gen),
+                                               torch.rand(1, 20, 1, generator=gen), torch.ones(1, 40))]
+    for changes, expected in (({}, (64, 64)), ({"grads": {"BC": 16}}, (64, 16))):
+        seen.clear()
+        with launch.launch_settings(mesa=changes):
+            mesa(*leaves, cg_steps=2, backend="triton")[0].sum().backward()
+        assert seen == [expected], (changes, seen)
+    with pytest.raises(ValueError, match="BC"):
+        launch.GradsLaunch(BC=48)
+
+
 @pytest.mark.parametrize("K, expected", [(128, 32), (64, 64)])
 def test_the_no_gradient_fused_pass_caps_its_state_block(monkeypatch, K, expected):
     """The no-gradient fused state pass holds at most infer_fused.max_state (4,096) state

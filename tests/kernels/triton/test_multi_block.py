@@ -142,12 +142,12 @@ def test_the_shapes_really_span_blocks_and_segments(launch):
 
 
 def test_mesa(launch):
-    """MesaNet: the state passes' blocks lowered to 16 over K = 40 (and D = K or V), and V = 80
-    against the solve and gradient kernels' fixed 64-wide V-block: two V-blocks, the second
-    partial."""
+    """MesaNet: the state passes' blocks and the gradient kernel's key-column block lowered to
+    16 over K = 40 (and D = K or V; three column blocks, the last partial), and V = 80 against
+    the solve and gradient kernels' fixed 64-wide V-block: two V-blocks, the second partial."""
     from tests.kernels.triton import test_mesa_triton
 
-    launch(mesa={"states": {"max_BK": 16, "max_BD": 16, "min_BD": 16}})
+    launch(mesa={"states": {"max_BK": 16, "max_BD": 16, "min_BD": 16}, "grads": {"BC": 16}})
     leaves = test_mesa_triton.make_inputs(B, T, 1, K, 80, seed=8)
     test_mesa_triton.check(leaves, torch.float32, TOL[torch.float32], chunk_size=CHUNK, cg_steps=K + 16)
 
