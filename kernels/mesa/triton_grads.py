@@ -59,12 +59,13 @@ def mesa_bwd_grads_kernel(
 
     b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
     b_kx = tl.dot(b_k, load_tile_t(q_star + seq * K, t0, 0, T, K, H * K, BT, BK), input_precision=PREC)
-    b_vmy = -tl.dot(b_k, load_tile_t(y + seq * K, t0, 0, T, K, H * K, BT, BK), input_precision=PREC)
+    b_ky = tl.dot(b_k, load_tile_t(y + seq * K, t0, 0, T, K, H * K, BT, BK), input_precision=PREC)
     # tiles are re-read rather than kept live across loops (registers)
+    b_vo = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = v_j . do_i
     for i_v in range(tl.cdiv(V, BV)):
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
         b_do_t = load_tile_t(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
-        b_vmy += tl.dot(b_v, b_do_t, input_precision=PREC)  # [j, i] += v_j . do_i
+        b_vo += tl.dot(b_v, b_do_t, input_precision=PREC)
         b_do = load_tile(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
         b_ds = load_tile(dh_kv + chunk * K * V, 0, i_v * BV, K, V, V, BK, BV)
         b_ku = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32) * b_u[:, None]
@@ -72,6 +73,7 @@ def mesa_bwd_grads_kernel(
                 + tl.dot(b_ku, b_ds, input_precision=PREC))
         store_tile(dv + seq * V, b_dv, t0, i_v * BV, T, V, H * V, BT, BV)
 
+    b_vmy = b_vo - b_ky  # [j, i] = (v_j . do_i) - (y_i . k_j)
     # dk and du over blocks of BC key columns: rows (dH' + dH'^T) k_j and dS' v_j, column by
     # column block, so that the [K, K] state gradient is never held whole
     b_du = tl.zeros([BT], dtype=tl.float32)
