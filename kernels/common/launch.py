@@ -474,9 +474,16 @@ class PrepLaunch(KernelLaunch):
 @dataclasses.dataclass(frozen=True)
 class LinGdnLaunch:
     """Launch settings of linearized_softmax_gdn's own kernels; its delta rule runs the
-    gated_delta_rule kernels under that op's settings."""
+    gated_delta_rule kernels under that op's settings, except that with train_fused False
+    its training forward runs the state pass and then the output kernel (which adds the
+    running mean of v) wherever gated_delta_rule's fused_fwd would fuse them."""
 
     prep: PrepLaunch = PrepLaunch(max_BD=64, min_BD=16, tile_elems=4096, min_programs=512, num_warps=4, num_stages=3)
+    # The training pass with the output and the running mean fused took 2,047 us at 2k, K =
+    # 128 (GDN's without the mean 1,199; one H100, records 20261206T194925, T200102), where
+    # lin_gdn's state pass and output took 675 + 765 unfused at 8k; to be timed side by side
+    # (configs/kernels-launch-lin-gdn.yaml) before the default changes
+    train_fused: bool = True
 
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType({

@@ -25,11 +25,13 @@ for the kernels, whose widest type is fp32, and vbar added after them in fp64.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, op_name, or_placeholder, placeholder, present
-from kernels.common.launch import decode, encode, note_launch
+from kernels.common.launch import LinGdnLaunch, decode, encode, launch_settings, note_launch
 from kernels.gated_delta_rule.triton_fwd import RunningMean
 from kernels.gated_delta_rule.triton_op import (
     ChunkDeltaRuleFunction,
@@ -56,11 +58,17 @@ def positional_gates(count: int, B: int, T: int, H: int, device: torch.device) -
     return gate[None, :, None].expand(B, T, H).contiguous(), beta[None, :, None].expand(B, T, H).contiguous()
 
 
-def _prepare(k: Tensor, v: Tensor, k_sum0: Tensor | None, v_sum0: Tensor | None, count: int):
-    """The running-mean scans (triton_prep.py) under the launch settings in effect: (key and
-    value, the delta rule's k and v; the RunningMean its output adds; k_sum_T, v_sum_T)."""
-    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, count, note_launch(OP).prep)
+def _prepare(k: Tensor, v: Tensor, k_sum0: Tensor | None, v_sum0: Tensor | None, count: int, cfg: LinGdnLaunch):
+    """The running-mean scans (triton_prep.py) under cfg.prep: (key and value, the delta
+    rule's k and v; the RunningMean its output adds; k_sum_T, v_sum_T)."""
+    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, count, cfg.prep)
     return key, value, RunningMean(v, v_enter, count), k_sum, v_sum
+
+
+def _training_delta_settings(cfg: LinGdnLaunch) -> AbstractContextManager:
+    """The launch settings the training forward's delta rule runs under: gated_delta_rule's,
+    with its fused training pass off unless cfg.train_fused."""
+    return nullcontext() if cfg.train_fused else launch_settings(**{DELTA_OP: {"fused_fwd": {"enabled": False}}})
 
 
 @torch.library.custom_op(op_name("lin_gdn_fwd"), mutates_args=())
@@ -74,12 +82,14 @@ def lin_gdn_fwd(
     placeholder unless output_final_state), k_sum [B, H, K] and v_sum [B, H, V] fp32 after
     the last token, then what the backward reads: key, value, and the delta rule's gamma,
     Tm, W, U and per-chunk states (delta_rule_fwd's)."""
-    key, value, mean, k_sum, v_sum = _prepare(k, v, k_sum0, v_sum0, count)
+    cfg = note_launch(OP)
+    key, value, mean, k_sum, v_sum = _prepare(k, v, k_sum0, v_sum0, count, cfg)
     B, T, H = q.shape[:3]
     gate, beta = positional_gates(count, B, T, H, q.device)
     ctx = FunctionContext()
-    o, ht = ChunkDeltaRuleFunction.forward(ctx, q, key, value, gate, beta, h0, DeltaOptions(scale, output_final_state),
-                                           mean)
+    with _training_delta_settings(cfg):
+        o, ht = ChunkDeltaRuleFunction.forward(ctx, q, key, value, gate, beta, h0,
+                                               DeltaOptions(scale, output_final_state), mean)
     gam, tm, w, u, h = ctx.saved_tensors[4:]
     return o, or_placeholder(ht, q.device), k_sum, v_sum, key, value, gam, tm, w, u, h
 
@@ -165,7 +175,7 @@ def lin_gdn_infer(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """lin_gdn_fwd where no backward follows (same arguments): (o, the final h or a
     placeholder, k_sum, v_sum), keeping nothing for a backward."""
-    key, value, mean, k_sum, v_sum = _prepare(k, v, k_sum0, v_sum0, count)
+    key, value, mean, k_sum, v_sum = _prepare(k, v, k_sum0, v_sum0, count, note_launch(OP))
     B, T, H = q.shape[:3]
     gate, beta = positional_gates(count, B, T, H, q.device)
     o, ht = delta_rule_forward_only(q, key, value, gate, beta, h0, scale, output_final_state, mean)

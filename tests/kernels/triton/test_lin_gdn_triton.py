@@ -119,6 +119,33 @@ def test_fused_state_output_fp32(launch, count):
     run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
 
 
+@pytest.mark.parametrize("count", [0, 6])
+def test_training_forward_unfused_fp32(launch, monkeypatch, count):
+    """LinGdnLaunch.train_fused False: the training forward runs the state pass and then the
+    output kernel (which adds the running mean) where gated_delta_rule's fused_fwd would fuse
+    them (forced on here); outputs, final state and every gradient as before, and the state
+    pass launched without the output (with it under the default)."""
+    from kernels.gated_delta_rule import triton_fwd
+
+    kernel, fused = triton_fwd.state_fwd_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch_kernel(*args, **kwargs):
+                fused.append(kwargs["FUSE_OUTPUT"])
+                return kernel[grid](*args, **kwargs)
+            return launch_kernel
+
+    monkeypatch.setattr(triton_fwd, "state_fwd_kernel", Spy())
+    launch(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}})
+    run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
+    assert fused == [True]
+    fused.clear()
+    launch(linearized_softmax_gdn={"train_fused": False})
+    run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
+    assert fused == [False]
+
+
 def test_fp64_inputs_torch_preprocessing():
     """fp64 inputs: torch preprocessing in fp64, kernels in fp32, fp64 outputs and state."""
     run_case(1, 63, 1, 16, 16, 4, torch.float64, seed=13)
