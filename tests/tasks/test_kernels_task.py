@@ -146,7 +146,7 @@ def test_the_launch_sweep_varies_block_sizes():
 
     plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch.yaml"), "cuda")
     launches = [p.config["launch"]["gated_delta_rule"] for p in plan.points]
-    assert len(plan.points) == len({p.key for p in plan.points}) == 6
+    assert len(plan.points) == len({p.key for p in plan.points}) == 7
     assert {(x["wy_fwd"]["BK"], x["output_fwd"]["BV"]) for x in launches} == {(a, b) for a in (32, 64, 128) for b in (64, 128)}
 
 
@@ -157,11 +157,12 @@ def test_the_mesa_launch_sweep_varies_the_solve_warps_rows_and_gradient_columns(
 
     plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-mesa.yaml"), "cuda")
     launches = [p.config.get("launch", {}).get("mesa", {}) for p in plan.points]
-    assert len(plan.points) == len({p.key for p in plan.points}) == 6
+    assert len(plan.points) == len({p.key for p in plan.points}) == 7
     settings = {(x.get("fwd_solve", {}).get("num_warps"), x.get("bwd_solve", {}).get("num_warps"),
                  x.get("fwd_solve", {}).get("rows"), x.get("grads", {}).get("BC")) for x in launches}
     assert settings == {(None, None, None, None), (4, 4, 64, None), (4, 4, 32, None), (None, None, 32, None),
                         (None, None, None, 64), (None, None, None, 32)}
+    assert sum(x.get("prec") == "tf32x3" for x in launches) == 1
 
 
 def test_the_gpu_sweep_times_every_op_and_both_gla_gates():
