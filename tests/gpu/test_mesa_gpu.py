@@ -62,7 +62,7 @@ CASES = {
 }
 # cases compared with a CASES entry rather than held to the bounds: the K = 64 case with its
 # CG programs at the wide programs' 8 warps
-TWINS = {"bf16_T2100_K64_strong_8warps": (
+PAIRED = {"bf16_T2100_K64_strong_8warps": (
     2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30, "tuning": {"narrow_num_warps": 8}})}
 QUANTITIES = ("o", "h_kk", "h_kv", "dq", "dk", "dv", "dg", "dbeta", "dlamb", "dh_kk0", "dh_kv0")
 
@@ -118,7 +118,7 @@ def errors_of(case: str, twin: bool = False) -> dict:
     from kernels.mesa.reference import mesa_reference
     from kernels.mesa.state import MesaState
 
-    B, T, H, K, V, dtype, gates, options = {**CASES, **TWINS}[case]
+    B, T, H, K, V, dtype, gates, options = {**CASES, **PAIRED}[case]
     options = dict(options)
     tuning = options.pop("tuning", {})
     dtype = torch.float16 if twin else dtype
