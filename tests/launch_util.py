@@ -1,5 +1,6 @@
 """Launch-setting overrides the kernel tests share (kernels/common/launch.py), as the
-mappings of changes launch_settings takes."""
+mappings of changes launch_settings takes, and LaunchSpy, which shows a test what a kernel
+was launched with."""
 
 from __future__ import annotations
 
@@ -38,3 +39,17 @@ def small_tiles(settings: Any, **extra: Any) -> dict[str, dict[str, Any]]:
         if small:
             changes[f.name] = small
     return changes
+
+
+class LaunchSpy:
+    """Stands in for a jitted kernel (monkeypatched over it): hands each launch's keyword
+    arguments to `note`, then launches."""
+
+    def __init__(self, kernel, note):
+        self.kernel, self.note = kernel, note
+
+    def __getitem__(self, grid):
+        def launch_kernel(*args, **kwargs):
+            self.note(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch_kernel

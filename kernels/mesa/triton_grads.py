@@ -74,6 +74,7 @@ def mesa_bwd_grads_kernel(
         store_tile(dv + seq * V, b_dv, t0, i_v * BV, T, V, H * V, BT, BV)
 
     b_vmy = b_vo - b_ky  # [j, i] = (v_j . do_i) - (y_i . k_j)
+    b_w_t = b_gamma_t * b_beta[:, None]
     # dk and du over blocks of BC key columns: rows (dH' + dH'^T) k_j and dS' v_j, column by
     # column block, so that the [K, K] state gradient is never held whole
     b_du = tl.zeros([BT], dtype=tl.float32)
@@ -92,14 +93,12 @@ def mesa_bwd_grads_kernel(
             b_zv += tl.dot(b_v, b_ds_t, input_precision=PREC)
         b_du += tl.sum(b_kc * b_zv, axis=1)
         b_dk = b_u[:, None] * (b_z + b_zv)
-        b_w_t = b_gamma_t * b_beta[:, None]
         b_x = load_tile(q_star + seq * K, t0, c0, T, K, H * K, BT, BC)
         b_dk += tl.dot(b_vmy * b_w_t, b_x, input_precision=PREC)
         b_yy = load_tile(y + seq * K, t0, c0, T, K, H * K, BT, BC)
         b_dk -= tl.dot(b_kx * b_w_t, b_yy, input_precision=PREC)
         store_tile(dk + seq * K, b_dk, t0, c0, T, K, H * K, BT, BC)
 
-    b_w_t = b_gamma_t * b_beta[:, None]
     b_dw_t = tl.where(m_lower_t, b_kx * b_vmy, 0.0)
     b_dbeta = tl.sum(b_dw_t * b_gamma_t, axis=1) + b_to_end * b_du
     tl.store(dbeta + seq + (t0 + o_j) * H, b_dbeta, mask=m_j)

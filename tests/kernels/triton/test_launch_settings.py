@@ -10,6 +10,7 @@ import torch
 
 from kernels import gated_delta_rule, gated_linear_attention
 from kernels.common import launch
+from tests.launch_util import LaunchSpy
 
 
 def _gdn_inputs(T=70, H=2, K=16, V=16):
@@ -53,20 +54,6 @@ def test_gla_backward_runs_under_the_forwards_settings(monkeypatch):
     assert seen == [16] and used["gated_linear_attention"]["bwd_dqk"]["BK"] == 16
 
 
-class _LaunchSpy:
-    """Stands in for a jitted kernel: hands each launch's keyword arguments to `note`, then
-    launches."""
-
-    def __init__(self, kernel, note):
-        self.kernel, self.note = kernel, note
-
-    def __getitem__(self, grid):
-        def launch_kernel(*args, **kwargs):
-            self.note(kwargs)
-            return self.kernel[grid](*args, **kwargs)
-        return launch_kernel
-
-
 @pytest.mark.parametrize("module, kernel", [("triton_wy_bwd", "wy_bwd"), ("triton_bwd", "du_local"),
                                             ("triton_fwd", "output_fwd")])
 def test_narrow_value_blocks_take_narrow_warps(monkeypatch, module, kernel):
@@ -80,7 +67,7 @@ def test_narrow_value_blocks_take_narrow_warps(monkeypatch, module, kernel):
     # it is made, and each launch notes (its BV, the last request).
     monkeypatch.setattr(mod, "warps", lambda n: asked.append(n) or warps(n))
     monkeypatch.setattr(mod, f"{kernel}_kernel",
-                        _LaunchSpy(getattr(mod, f"{kernel}_kernel"), lambda kw: seen.append((kw["BV"], asked[-1]))))
+                        LaunchSpy(getattr(mod, f"{kernel}_kernel"), lambda kw: seen.append((kw["BV"], asked[-1]))))
     separate_du = {"state_bwd": {"local_du": False}}  # du_local runs only where the state pass does not form dU_local
     for V, bv, expected in ((16, 16, 2), (32, 32, 2), (64, 64, 4), (100, 64, 4)):
         seen.clear()
@@ -109,7 +96,7 @@ def test_mesa_solves_take_narrow_warps_at_small_head_dims(monkeypatch):
     # it is made, and each launch notes (its K-block, the last request)
     monkeypatch.setattr(triton_solve, "warps", lambda n: asked.append(n) or warps(n))
     for name in ("mesa_fwd_solve_kernel", "mesa_bwd_solve_kernel"):
-        monkeypatch.setattr(triton_solve, name, _LaunchSpy(getattr(triton_solve, name),
+        monkeypatch.setattr(triton_solve, name, LaunchSpy(getattr(triton_solve, name),
                                                            lambda kw: seen.append((kw["BK"], asked[-1]))))
 
     def run(K):
@@ -142,7 +129,7 @@ def test_mesa_gradients_take_their_key_column_block(monkeypatch):
 
     seen = []
     monkeypatch.setattr(triton_grads, "mesa_bwd_grads_kernel",
-                        _LaunchSpy(triton_grads.mesa_bwd_grads_kernel, lambda kw: seen.append((kw["BK"], kw["BC"]))))
+                        LaunchSpy(triton_grads.mesa_bwd_grads_kernel, lambda kw: seen.append((kw["BK"], kw["BC"]))))
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.nn.functional.normalize(torch.randn(1, 20, 1, 40, generator=gen), dim=-1) for _ in range(3))
     leaves = [t.requires_grad_(True) for t in (q, k, v, -torch.rand(1, 20, 1, generator=gen),
@@ -165,7 +152,7 @@ def test_the_no_gradient_fused_pass_caps_its_state_block(monkeypatch, K, expecte
 
     seen = []
     monkeypatch.setattr(triton_fwd, "state_fwd_kernel",
-                        _LaunchSpy(triton_fwd.state_fwd_kernel, lambda kw: seen.append((kw["BV"], kw["FUSE_OUTPUT"]))))
+                        LaunchSpy(triton_fwd.state_fwd_kernel, lambda kw: seen.append((kw["BV"], kw["FUSE_OUTPUT"]))))
     q, k, v, g, beta = (t.detach() for t in _gdn_inputs(T=20, H=1, K=K, V=128))
     with torch.no_grad(), launch.launch_settings(gated_delta_rule={"infer_fused": {"min_heads": 1}}):
         gated_delta_rule(q, k, v, g, beta, backend="triton")
@@ -194,7 +181,7 @@ def test_the_no_gradient_fused_pass_goes_deeper_where_programs_are_few(monkeypat
 
     seen = []
     monkeypatch.setattr(triton_fwd, "state_fwd_kernel",
-                        _LaunchSpy(triton_fwd.state_fwd_kernel, lambda kw: seen.append(kw["num_stages"])))
+                        LaunchSpy(triton_fwd.state_fwd_kernel, lambda kw: seen.append(kw["num_stages"])))
     q, k, v, g, beta = (t.detach() for t in _gdn_inputs(T=20, H=1, K=32, V=32))
     for sms, expected in ((None, 2), (132, 3)):
         monkeypatch.setattr(utils, "multiprocessors", lambda device, sms=sms: sms)
@@ -227,7 +214,7 @@ def test_fp32_dots_follow_torchs_matmul_precision(monkeypatch, precision, expect
 
     seen = []
     for mod, name in ((triton_fwd, "output_fwd_kernel"), (triton_output, "chunk_fwd_output_kernel")):
-        monkeypatch.setattr(mod, name, _LaunchSpy(getattr(mod, name), lambda kw: seen.append(kw["PREC"])))
+        monkeypatch.setattr(mod, name, LaunchSpy(getattr(mod, name), lambda kw: seen.append(kw["PREC"])))
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision(precision)
@@ -261,7 +248,7 @@ def test_fp32_dots_replace_the_true_fp32_dots(monkeypatch, precision, expected):
     for mod in (triton_bwd, triton_bwd_grad, triton_fwd, triton_wy, triton_wy_bwd):
         for name in dir(mod):
             if name.endswith("_kernel") and hasattr(getattr(mod, name), "__getitem__"):  # a kernel[grid]
-                monkeypatch.setattr(mod, name, _LaunchSpy(getattr(mod, name), lambda kw: seen.extend(
+                monkeypatch.setattr(mod, name, LaunchSpy(getattr(mod, name), lambda kw: seen.extend(
                     kw[p] for p in ("PREC", "SOLVE_PREC") if p in kw)))
     before = torch.get_float32_matmul_precision()
     try:

@@ -126,17 +126,11 @@ def test_training_forward_unfused_fp32(launch, monkeypatch, count):
     them (forced on here); outputs, final state and every gradient as before, and the state
     pass launched without the output (with it under the default)."""
     from kernels.gated_delta_rule import triton_fwd
+    from tests.launch_util import LaunchSpy
 
-    kernel, fused = triton_fwd.state_fwd_kernel, []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch_kernel(*args, **kwargs):
-                fused.append(kwargs["FUSE_OUTPUT"])
-                return kernel[grid](*args, **kwargs)
-            return launch_kernel
-
-    monkeypatch.setattr(triton_fwd, "state_fwd_kernel", Spy())
+    fused = []
+    monkeypatch.setattr(triton_fwd, "state_fwd_kernel",
+                        LaunchSpy(triton_fwd.state_fwd_kernel, lambda kw: fused.append(kw["FUSE_OUTPUT"])))
     launch(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}})
     run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
     assert fused == [True]
