@@ -50,31 +50,42 @@ def mesa_bwd_grads_kernel(
     m_j = t0 + o_j < T
     m_lower_t = o_j[:, None] <= o_j[None, :]  # [j, i]: j <= i
     b_g, b_beta = load_gates(g, beta, seq, t0, T, H, BT)
-    # [j, i] = g_{j+1} + ... + g_i: (g_s for s > j) times (1 for s <= i), exact in fp32
+    # [j, i] = g_{j+1} + ... + g_i: a running sum along i of g_s for s > j (a scan, no FMA dot)
     b_after = tl.where(o_j[:, None] < o_j[None, :], b_g[None, :], 0.0)
-    b_upto = tl.where(o_j[:, None] <= o_j[None, :], 1.0, 0.0)
-    b_gamma_t = tl.where(m_lower_t, tl.exp2(tl.dot(b_after, b_upto, input_precision="ieee")), 0.0)
+    b_gamma_t = tl.where(m_lower_t, tl.exp2(tl.cumsum(b_after, axis=1)), 0.0)
     b_to_end, _ = decay_to_end(b_g, BT)
     b_u = b_beta * b_to_end
 
     b_k = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32)
-    b_kx = tl.dot(b_k, load_tile_t(q_star + seq * K, t0, 0, T, K, H * K, BT, BK), input_precision=PREC)
-    b_ky = tl.dot(b_k, load_tile_t(y + seq * K, t0, 0, T, K, H * K, BT, BK), input_precision=PREC)
+    # [j, i] = Gamma_ij (q*_i . k_j): zero above the diagonal through Gamma
+    b_kxg = b_gamma_t * tl.dot(b_k, load_tile_t(q_star + seq * K, t0, 0, T, K, H * K, BT, BK),
+                               input_precision=PREC)
+    # [j, i] = (v_j . do_i) - (y_i . k_j), the (y . k) part first so that no third tile waits
+    b_vmy = -tl.dot(b_k, load_tile_t(y + seq * K, t0, 0, T, K, H * K, BT, BK), input_precision=PREC)
     # tiles are re-read rather than kept live across loops (registers)
-    b_vo = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = v_j . do_i
     for i_v in range(tl.cdiv(V, BV)):
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
         b_do_t = load_tile_t(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
-        b_vo += tl.dot(b_v, b_do_t, input_precision=PREC)
+        b_vmy += tl.dot(b_v, b_do_t, input_precision=PREC)
         b_do = load_tile(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV).to(tl.float32)
         b_ds = load_tile(dh_kv + chunk * K * V, 0, i_v * BV, K, V, V, BK, BV)
         b_ku = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK).to(tl.float32) * b_u[:, None]
-        b_dv = (tl.dot(b_kx * b_gamma_t * b_beta[:, None], b_do, input_precision=PREC)
+        b_dv = (tl.dot(b_kxg * b_beta[:, None], b_do, input_precision=PREC)
                 + tl.dot(b_ku, b_ds, input_precision=PREC))
         store_tile(dv + seq * V, b_dv, t0, i_v * BV, T, V, H * V, BT, BV)
 
-    b_vmy = b_vo - b_ky  # [j, i] = (v_j . do_i) - (y_i . k_j)
-    b_w_t = b_gamma_t * b_beta[:, None]
+    # dW_ij Gamma_ij and the gate-gradient pairs dW_ij W_ij (j < i) need (q* . k), (v . do) -
+    # (y . k) and Gamma together; they are formed here, so that the key-column loop below
+    # holds two [BT, BT] tiles, not four (spills, sm_90 screen)
+    b_dw_gamma_t = b_kxg * b_vmy  # [j, i] = dW_ij Gamma_ij, zero above the diagonal
+    b_dbeta = tl.sum(b_dw_gamma_t, axis=1)
+    b_pairs_t = tl.where(o_j[:, None] < o_j[None, :], b_dw_gamma_t * b_beta[:, None], 0.0)  # [j, i], j < i
+    b_later = tl.cumsum(b_pairs_t, axis=1, reverse=True)  # [j, s] = sum_{i >= s} P_ji
+    b_dg = tl.sum(tl.where(o_j[:, None] < o_j[None, :], b_later, 0.0), axis=0)  # sum_{j < s}
+    b_e = tl.load(e + seq + (t0 + o_j) * H, mask=m_j, other=0.0)
+    b_dg += tl.cumsum(b_e, axis=0, reverse=True)  # sum_{i >= s} e_i
+    b_vmy_w = b_vmy * b_gamma_t * b_beta[:, None]  # [j, i] = ((v_j . do_i) - (y_i . k_j)) W_ij
+    b_kx_w = b_kxg * b_beta[:, None]  # [j, i] = (q*_i . k_j) W_ij
     # dk and du over blocks of BC key columns: rows (dH' + dH'^T) k_j and dS' v_j, column by
     # column block, so that the [K, K] state gradient is never held whole
     b_du = tl.zeros([BT], dtype=tl.float32)
@@ -94,22 +105,13 @@ def mesa_bwd_grads_kernel(
         b_du += tl.sum(b_kc * b_zv, axis=1)
         b_dk = b_u[:, None] * (b_z + b_zv)
         b_x = load_tile(q_star + seq * K, t0, c0, T, K, H * K, BT, BC)
-        b_dk += tl.dot(b_vmy * b_w_t, b_x, input_precision=PREC)
+        b_dk += tl.dot(b_vmy_w, b_x, input_precision=PREC)
         b_yy = load_tile(y + seq * K, t0, c0, T, K, H * K, BT, BC)
-        b_dk -= tl.dot(b_kx * b_w_t, b_yy, input_precision=PREC)
+        b_dk -= tl.dot(b_kx_w, b_yy, input_precision=PREC)
         store_tile(dk + seq * K, b_dk, t0, c0, T, K, H * K, BT, BC)
 
-    b_dw_t = tl.where(m_lower_t, b_kx * b_vmy, 0.0)
-    b_dbeta = tl.sum(b_dw_t * b_gamma_t, axis=1) + b_to_end * b_du
+    b_dbeta += b_to_end * b_du
     tl.store(dbeta + seq + (t0 + o_j) * H, b_dbeta, mask=m_j)
-
-    # gate gradient, row s: pairs with j < s <= i, then d_i (i >= s), u_j (j < s), chunk decay
-    b_pairs_t = tl.where(o_j[:, None] < o_j[None, :], b_dw_t * b_w_t, 0.0)  # [j, i], j < i
-    b_before = tl.where(o_j[None, :] < o_j[:, None], 1.0, 0.0)  # [s, j]: j < s
-    b_cross = tl.dot(b_before, b_pairs_t, input_precision="ieee")  # [s, i] = sum_{j < s} P_ji
-    m_from_s = o_j[None, :] >= o_j[:, None]  # [s, i]: i >= s
-    b_e = tl.load(e + seq + (t0 + o_j) * H, mask=m_j, other=0.0)
-    b_dg = tl.sum(tl.where(m_from_s, b_cross + b_e[None, :], 0.0), axis=1)
     b_dg += tl.sum(tl.where(o_j[None, :] < o_j[:, None], (b_du * b_u)[None, :], 0.0), axis=1)
     b_dg += tl.load(decay_grad + chunk)
     tl.store(dg + seq + (t0 + o_j) * H, b_dg, mask=m_j)
