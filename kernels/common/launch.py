@@ -445,7 +445,11 @@ class MesaLaunch:
     bwd_solve: SolveLaunch = SolveLaunch(rows=32, num_warps=8, weights_scan=True, diag_cg_prec=True,
                                          operands="fp16_normed")
     states: StateLaunch = StateLaunch(max_BK=128, max_BD=64, min_BD=16, min_programs=2, num_warps=4, num_stages=2)
-    grads: GradsLaunch = GradsLaunch(num_warps=8, num_stages=1, BC=256)
+    # The gradient kernel at 4 warps over 32-column key blocks: one H100, T = 2k / 8k / 32k,
+    # K = 64: 5,416 / 5,574 / 5,708 us at 8 warps over the whole K -> 3,547 / 3,679 / 3,821;
+    # K = 128: 5,467 / 5,561 / 5,572 -> 5,480 / 5,579 / 5,592; 16 warps 17.8 ms at either
+    # (records 20261206T223730-T223821)
+    grads: GradsLaunch = GradsLaunch(num_warps=4, num_stages=1, BC=32)
 
     def __post_init__(self) -> None:
         for name in ("prec", "cg_prec"):
@@ -480,16 +484,19 @@ class LinGdnLaunch:
 
     prep: PrepLaunch = PrepLaunch(max_BD=64, min_BD=16, tile_elems=4096, min_programs=512, num_warps=4, num_stages=3)
     # The training pass with the output and the running mean fused took 2,047 us at 2k, K =
-    # 128 (GDN's without the mean 1,199; one H100, records 20261206T194925, T200102), where
-    # lin_gdn's state pass and output took 675 + 765 unfused at 8k; to be timed side by side
-    # (configs/kernels-launch-lin-gdn.yaml) before the default changes
-    train_fused: bool = True
+    # 128 (GDN's without the mean 1,199); unfused, the state pass and the output take 566 +
+    # 748: lin_gdn's forward+backward 8.41 -> 7.60 ms at 2k, K = 128 (where the fused pass
+    # runs; 8k and 32k unchanged, one H100, records 20261206T194925, T224016)
+    train_fused: bool = False
 
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "linear_attention": ChunkLaunch(),
     "gated_linear_attention": ChunkLaunch(),
-    "delta_rule": DeltaLaunch(),
+    # DeltaNet's dq/dk/dW kernel over the whole V at once: K = 128, T = 2k / 8k / 32k,
+    # 1,481-1,500 -> 1,375 / 1,380 / 1,382 us, K = 64 unchanged (one H100, records
+    # 20261206T194651, T224005); one stage instead of two: 1,539 (T223933)
+    "delta_rule": DeltaLaunch(dqkw=TileLaunch(BK=64, BV=128, num_warps=4, num_stages=2)),
     # GDN forms dU_local in its backward state pass at K <= 64 only (DeltaLaunch.state_bwd says why)
     "gated_delta_rule": DeltaLaunch(state_bwd=dataclasses.replace(DeltaLaunch.state_bwd, max_K=64)),
     "mesa": MesaLaunch(),
