@@ -445,11 +445,13 @@ class MesaLaunch:
     bwd_solve: SolveLaunch = SolveLaunch(rows=32, num_warps=8, weights_scan=True, diag_cg_prec=True,
                                          operands="fp16_normed")
     states: StateLaunch = StateLaunch(max_BK=128, max_BD=64, min_BD=16, min_programs=2, num_warps=4, num_stages=2)
-    # The gradient kernel at 4 warps over 32-column key blocks: one H100, T = 2k / 8k / 32k,
-    # K = 64: 5,416 / 5,574 / 5,708 us at 8 warps over the whole K -> 3,547 / 3,679 / 3,821;
-    # K = 128: 5,467 / 5,561 / 5,572 -> 5,480 / 5,579 / 5,592; 16 warps 17.8 ms at either
-    # (records 20261206T223730-T223821)
-    grads: GradsLaunch = GradsLaunch(num_warps=4, num_stages=1, BC=32)
+    # The gradient kernel, one H100, T = 2k / 8k / 32k, 8 warps over the whole K (this
+    # default, whose GPU test errors equal the previous kernel's): K = 64 5,416 / 5,574 /
+    # 5,708 us, K = 128 5,467 / 5,561 / 5,572. 4 warps over 32-column blocks: K = 64 3,547 /
+    # 3,679 / 3,821, K = 128 5,480 / 5,579 / 5,592 (16 warps 17.8 ms at either; records
+    # 20261206T223730-T223821), the default once its GPU tests have run (4 warps with narrow
+    # blocks is where Triton 3.6 has miscompiled: NarrowVLaunch)
+    grads: GradsLaunch = GradsLaunch(num_warps=8, num_stages=1, BC=256)
 
     def __post_init__(self) -> None:
         for name in ("prec", "cg_prec"):
@@ -493,10 +495,11 @@ class LinGdnLaunch:
 DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "linear_attention": ChunkLaunch(),
     "gated_linear_attention": ChunkLaunch(),
-    # DeltaNet's dq/dk/dW kernel over the whole V at once: K = 128, T = 2k / 8k / 32k,
-    # 1,481-1,500 -> 1,375 / 1,380 / 1,382 us, K = 64 unchanged (one H100, records
-    # 20261206T194651, T224005); one stage instead of two: 1,539 (T223933)
-    "delta_rule": DeltaLaunch(dqkw=TileLaunch(BK=64, BV=128, num_warps=4, num_stages=2)),
+    # DeltaNet's dq/dk/dW kernel over the whole V at once (dqkw BV 128) took K = 128, T = 2k /
+    # 8k / 32k from 1,481-1,500 to 1,375 / 1,380 / 1,382 us, K = 64 unchanged (one H100,
+    # records 20261206T194651, T224005; one stage instead of two: 1,539, T223933): the
+    # default once tests/gpu/test_delta_gpu.py has run it
+    "delta_rule": DeltaLaunch(),
     # GDN forms dU_local in its backward state pass at K <= 64 only (DeltaLaunch.state_bwd says why)
     "gated_delta_rule": DeltaLaunch(state_bwd=dataclasses.replace(DeltaLaunch.state_bwd, max_K=64)),
     "mesa": MesaLaunch(),

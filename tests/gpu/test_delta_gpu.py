@@ -142,6 +142,24 @@ def test_local_du_in_state_bwd(case):
     assert not bad, f"{case} local dU: (error, two-launch error) over the bounds: {bad} (all: {local})"
 
 
+@pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
+def test_dqkw_over_the_whole_v(case):
+    """The dq/dk/dW kernel over one 128-column V-block (dqkw BV 128; DeltaLaunch's default is
+    64): every output and gradient against fp64 within TOL, and every worst row within ROW_TOL
+    or no more than 1.1x the default's (test_matches_fp64_chunked holds those; the two differ
+    in the order of the sums over V only)."""
+    from kernels.common.launch import launch_settings
+
+    over = {"dqkw": {"BV": 128}}
+    with launch_settings(delta_rule=over, gated_delta_rule=over):
+        wide = errors_of.__wrapped__(case)  # not the cached figures of the default
+    default = errors_of(case)
+    dtype = CASES[case][6]
+    bad = {n: (e, default[n]) for n, e in wide.items()
+           if not (e < ROW_TOL[dtype] or e <= 1.1 * default[n] if n.endswith("(worst row)") else e < TOL[dtype])}
+    assert not bad, f"{case} dqkw BV 128: (error, default's error) over the bounds: {bad} (all: {wide})"
+
+
 # the no-gradient forward's forms: its state pass with the output fused, at the defaults (at
 # these few programs, FusedStateLaunch.few_program_stages) and at num_stages everywhere, or the
 # state pass then the output

@@ -61,9 +61,17 @@ CASES = {
         1, 8192, 2, 128, 128, torch.bfloat16, "near0", {"cg_steps": 30, "tuning": {"cg_operands": "fp32"}}),
 }
 # cases compared with a CASES entry rather than held to the bounds: the K = 64 case with its
-# CG programs at the wide programs' 8 warps
-PAIRED = {"bf16_T2100_K64_strong_8warps": (
-    2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30, "tuning": {"narrow_num_warps": 8}})}
+# CG programs at the wide programs' 8 warps, and the strong-gate cases with the gradient
+# kernel at 4 warps over 32-column key blocks ("grads": GradsLaunch fields)
+GRADS_4W_32 = {"num_warps": 4, "BC": 32}
+PAIRED = {
+    "bf16_T2100_K64_strong_8warps": (
+        2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30, "tuning": {"narrow_num_warps": 8}}),
+    "bf16_T2100_K64_strong_grads_4w_32": (
+        2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30, "grads": GRADS_4W_32}),
+    "bf16_T2100_strong_grads_4w_32": (
+        2, 2100, 2, 128, 128, torch.bfloat16, "strong", {"cg_steps": 30, "grads": GRADS_4W_32}),
+}
 QUANTITIES = ("o", "h_kk", "h_kv", "dq", "dk", "dv", "dg", "dbeta", "dlamb", "dh_kk0", "dh_kv0")
 
 
@@ -121,6 +129,7 @@ def errors_of(case: str, twin: bool = False) -> dict:
     B, T, H, K, V, dtype, gates, options = {**CASES, **PAIRED}[case]
     options = dict(options)
     tuning = options.pop("tuning", {})
+    grads = options.pop("grads", {})
     dtype = torch.float16 if twin else dtype
     base = make_inputs(B, T, H, K, V, gates)
     scale = K**-0.5
@@ -142,6 +151,7 @@ def errors_of(case: str, twin: bool = False) -> dict:
     solve = {("operands" if key == "cg_operands" else key): value for key, value in tuning.items()}
     solve = {**solve, **TWIN_SOLVE} if twin else solve
     changes = {part: solve for part in ("fwd_solve", "bwd_solve")} if solve else {}
+    changes = {**changes, "grads": grads} if grads else changes
     try:
         with launch_settings(mesa={**changes, **(TWIN_SETTINGS if twin else {})}):
             got, cotangents = _outputs_and_grads(run_ours, ours)
@@ -180,3 +190,14 @@ def test_narrow_warps_match_wide_warps():
     narrow, wide = errors_of("bf16_T2100_K64_strong_vs_exact"), errors_of("bf16_T2100_K64_strong_8warps")
     apart = {n: (narrow[n], wide[n]) for n in narrow if abs(narrow[n] - wide[n]) > 0.01 * wide[n] + 1e-7}
     assert not apart, f"narrow / wide warps' errors apart: {apart}"
+
+
+@pytest.mark.parametrize("case", ["bf16_T2100_K64_strong", "bf16_T2100_strong"])
+def test_gradient_kernel_at_4_warps_over_32_columns(case):
+    """The gradient kernel at 4 warps over 32-column key blocks (GradsLaunch; the default is 8
+    warps over the whole K): every output's and gradient's error against the exact solve the
+    same as the default's to within 1 % (only dk's sums over key columns are cut differently;
+    the forward, and so o and the states, do not change)."""
+    default, narrow = errors_of(f"{case}_vs_exact"), errors_of(f"{case}_grads_4w_32")
+    apart = {n: (narrow[n], default[n]) for n in default if abs(narrow[n] - default[n]) > 0.01 * default[n] + 1e-7}
+    assert not apart, f"gradient kernel at 4 warps, 32 columns / default: errors apart: {apart}"
