@@ -480,16 +480,27 @@ class PrepLaunch(KernelLaunch):
 @dataclasses.dataclass(frozen=True)
 class LinGdnLaunch:
     """Launch settings of linearized_softmax_gdn's own kernels; its delta rule runs the
-    gated_delta_rule kernels under that op's settings, except that with train_fused False
-    its training forward runs the state pass and then the output kernel (which adds the
-    running mean of v) wherever gated_delta_rule's fused_fwd would fuse them."""
+    gated_delta_rule kernels under that op's settings, except that its training forward
+    runs the state pass and then the output kernel (which adds the running mean of v),
+    wherever gated_delta_rule's fused_fwd would fuse them, unless train_fused and the head
+    dim is at most train_fused_max_K (fuses_training)."""
 
     prep: PrepLaunch = PrepLaunch(max_BD=64, min_BD=16, tile_elems=4096, min_programs=512, num_warps=4, num_stages=3)
     # The training pass with the output and the running mean fused took 2,047 us at 2k, K =
     # 128 (GDN's without the mean 1,199); unfused, the state pass and the output take 566 +
-    # 748: lin_gdn's forward+backward 8.41 -> 7.60 ms at 2k, K = 128 (where the fused pass
-    # runs; 8k and 32k unchanged, one H100, records 20261206T194925, T224016)
-    train_fused: bool = False
+    # 748, and lin_gdn's forward+backward 8.41 -> 7.60 ms there, but at K = 64 (2k) 6.54 ->
+    # 6.71 (8k and 32k, where the fused pass does not run: within 1 %; one H100, records
+    # 20261206T194925, T224016)
+    train_fused: bool = True
+    train_fused_max_K: int = 64
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.train_fused_max_K, int) or self.train_fused_max_K < 0:
+            raise ValueError(f"LinGdnLaunch.train_fused_max_K must be an int >= 0, got {self.train_fused_max_K!r}")
+
+    def fuses_training(self, K: int) -> bool:
+        """Whether the training forward at head dim K may fuse its output into the state pass."""
+        return self.train_fused and K <= self.train_fused_max_K
 
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType({

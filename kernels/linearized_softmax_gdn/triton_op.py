@@ -65,10 +65,12 @@ def _prepare(k: Tensor, v: Tensor, k_sum0: Tensor | None, v_sum0: Tensor | None,
     return key, value, RunningMean(v, v_enter, count), k_sum, v_sum
 
 
-def _training_delta_settings(cfg: LinGdnLaunch) -> AbstractContextManager:
-    """The launch settings the training forward's delta rule runs under: gated_delta_rule's,
-    with its fused training pass off unless cfg.train_fused."""
-    return nullcontext() if cfg.train_fused else launch_settings(**{DELTA_OP: {"fused_fwd": {"enabled": False}}})
+def _training_delta_settings(cfg: LinGdnLaunch, K: int) -> AbstractContextManager:
+    """The launch settings the training forward's delta rule runs under at head dim K:
+    gated_delta_rule's, with its fused training pass off unless cfg.fuses_training(K)."""
+    if cfg.fuses_training(K):
+        return nullcontext()
+    return launch_settings(**{DELTA_OP: {"fused_fwd": {"enabled": False}}})
 
 
 @torch.library.custom_op(op_name("lin_gdn_fwd"), mutates_args=())
@@ -87,7 +89,7 @@ def lin_gdn_fwd(
     B, T, H = q.shape[:3]
     gate, beta = positional_gates(count, B, T, H, q.device)
     ctx = FunctionContext()
-    with _training_delta_settings(cfg):
+    with _training_delta_settings(cfg, q.shape[-1]):
         o, ht = ChunkDeltaRuleFunction.forward(ctx, q, key, value, gate, beta, h0,
                                                DeltaOptions(scale, output_final_state), mean)
     gam, tm, w, u, h = ctx.saved_tensors[4:]

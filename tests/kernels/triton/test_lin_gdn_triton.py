@@ -20,7 +20,7 @@ lin = pytest.importorskip("kernels.linearized_softmax_gdn")
 if not hasattr(lin, "LinGDNState"):
     pytest.skip("kernels.linearized_softmax_gdn (LinGDNState) is not written yet", allow_module_level=True)
 
-from kernels.common.launch import settings  # noqa: E402
+from kernels.common.launch import launch_settings, settings  # noqa: E402
 from kernels.linearized_softmax_gdn import triton_prep  # noqa: E402
 from kernels.linearized_softmax_gdn.triton_op import linearized_softmax_gdn_triton  # noqa: E402
 
@@ -114,19 +114,19 @@ def test_scan_across_chunks_fp32(launch):
 @pytest.mark.parametrize("count", [0, 6])
 def test_fused_state_output_fp32(launch, count):
     """The delta rule's output fused into its state pass (fused_fwd, on from 256 sequences
-    of heads, and lin_gdn's train_fused, off by default: both forced on here), the running
-    mean added there: outputs, final state and every gradient."""
-    launch(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}},
-           linearized_softmax_gdn={"train_fused": True})
+    of heads, forced on here; lin_gdn's training pass fuses at head dims up to 64), the
+    running mean added there: outputs, final state and every gradient."""
+    launch(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}})
     run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
 
 
 @pytest.mark.parametrize("count", [0, 6])
 def test_training_forward_unfused_fp32(launch, monkeypatch, count):
-    """LinGdnLaunch.train_fused False (the default): the training forward runs the state pass
-    and then the output kernel (which adds the running mean) where gated_delta_rule's fused_fwd
-    would fuse them (forced on here); outputs, final state and every gradient as fused, and
-    the state pass launched without the output (with it when train_fused is on)."""
+    """LinGdnLaunch.train_fused False, or a head dim over train_fused_max_K (64 by default,
+    lowered to 8 here): the training forward runs the state pass and then the output kernel
+    (which adds the running mean) where gated_delta_rule's fused_fwd would fuse them (forced
+    on here); outputs, final state and every gradient as fused, and the state pass launched
+    without the output (with it at the defaults, K = 16)."""
     from kernels.gated_delta_rule import triton_fwd
     from tests.launch_util import LaunchSpy
 
@@ -135,11 +135,14 @@ def test_training_forward_unfused_fp32(launch, monkeypatch, count):
                         LaunchSpy(triton_fwd.state_fwd_kernel, lambda kw: fused.append(kw["FUSE_OUTPUT"])))
     launch(gated_delta_rule={"fused_fwd": {"enabled": True, "min_heads": 1}})
     run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
-    assert fused == [False]
-    fused.clear()
-    launch(linearized_softmax_gdn={"train_fused": True})
-    run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
     assert fused == [True]
+    for off in ({"train_fused": False}, {"train_fused_max_K": 8}):
+        fused.clear()
+        with launch_settings(linearized_softmax_gdn=off):
+            run_case(1, 130, 2, 16, 16, count, torch.float32, seed=14 + count)
+        assert fused == [False], off
+    with pytest.raises(ValueError, match="train_fused_max_K"):
+        launch(linearized_softmax_gdn={"train_fused_max_K": -1})
 
 
 def test_fp64_inputs_torch_preprocessing():
