@@ -16,7 +16,8 @@
 # TESTS / TESTS_S: GPU test files and their limit (0: none; the default); TESTS_K: a pytest -k
 # expression among them; TESTS_N: pytest-xdist workers (its wheel carried in .whl/; they compile
 # in parallel on the device's cores and share the GPU's memory, each test releasing its cache);
-# TESTS_ARGS: more pytest arguments (e.g. -x); they run before the sweeps, or after them with
+# TESTS_ARGS: more pytest arguments (e.g. -x); the tests of one case share a worker
+# (tests/gpu/conftest.py, --dist loadgroup); they run before the sweeps, or after them with
 # TESTS_LAST=1.
 # AB_S (0: off): first, for AB_S seconds at most, the before/after timing of the Triton kernels
 # of tree AB_BEFORE (default .abtree, an exported kernels/ with a COMMIT file) against this one's,
@@ -82,7 +83,7 @@ gpu_tests() {
     # The whole output goes into the logs (each case's errors included); the summary lines here.
     # shellcheck disable=SC2086
     timeout -k 20 -s INT "$(limit "$TESTS_S")" python3 -m pytest -q -s -p no:cacheprovider ${TESTS:-tests/gpu} \
-        ${TESTS_K:+-k "$TESTS_K"} ${TESTS_N:+-n "$TESTS_N"} ${TESTS_ARGS:-} >"$OUT/logs/gpu_tests.log" 2>&1
+        ${TESTS_K:+-k "$TESTS_K"} ${TESTS_N:+-n "$TESTS_N" --dist loadgroup} ${TESTS_ARGS:-} >"$OUT/logs/gpu_tests.log" 2>&1
     grep -E "GPU-ERR|passed|failed|skipped|PASSED|FAILED|^E  " "$OUT/logs/gpu_tests.log" | tail -n 40
     pack
 }
