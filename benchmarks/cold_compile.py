@@ -129,11 +129,12 @@ def main() -> None:
     import triton
 
     from benchmarks.json_record import save_text
+    from harness.envinfo import git_commit
 
     record = {"what": __doc__.split("\n\n")[0], "machine": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "jobs": args.jobs,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-              "torch": torch.__version__, "triton": triton.__version__,
+              "torch": torch.__version__, "triton": triton.__version__, "commit": git_commit(),
               "date": time.strftime("%Y-%m-%d"), "results": []}
     jobs = [(m, d) for m in mixers for d in head_dims]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
