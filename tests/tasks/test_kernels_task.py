@@ -157,13 +157,14 @@ def test_the_mesa_launch_sweep_varies_the_solve_warps_rows_and_gradient_columns(
 
     plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-mesa.yaml"), "cuda")
     launches = [p.config.get("launch", {}).get("mesa", {}) for p in plan.points]
-    assert len(plan.points) == len({p.key for p in plan.points}) == 10
+    assert len(plan.points) == len({p.key for p in plan.points}) == 11
     settings = {(x.get("fwd_solve", {}).get("num_warps"), x.get("bwd_solve", {}).get("num_warps"),
                  x.get("fwd_solve", {}).get("rows"), x.get("grads", {}).get("BC"),
                  x.get("grads", {}).get("num_warps")) for x in launches}
     assert settings == {(None, None, None, None, None), (4, 4, 64, None, None), (4, 4, 32, None, None),
                         (None, None, 32, None, None), (None, None, None, 128, None), (None, None, None, 64, None),
                         (None, None, None, 32, None), (None, None, None, 32, 4), (None, None, None, 32, 16)}
+    assert sum(x.get("bwd_solve", {}).get("rows") == 64 for x in launches) == 1
     assert sum(x.get("prec") == "tf32x3" for x in launches) == 1
 
 
