@@ -464,12 +464,15 @@ class PrepLaunch(KernelLaunch):
     """The linearized softmax GDN's running-mean kernels (linearized_softmax_gdn/triton_prep.py):
     tile_elems = BT * BD rows x features per loop step (enough bytes in flight per program);
     the feature block BD is halved from max_BD, down to min_BD, while fewer than
-    min_programs programs would run."""
+    min_programs programs would run. scan_by_dot: the forward scan's in-tile sums of 16-bit
+    inputs as a product with triangular ones (kernels/common/triton/prefix.py; at most 64
+    rows a step)."""
 
     max_BD: int = 64
     min_BD: int = 16
     tile_elems: int = 4096
     min_programs: int = 512
+    scan_by_dot: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -493,6 +496,10 @@ class LinGdnLaunch:
     # 20261206T194925, T224016)
     train_fused: bool = True
     train_fused_max_K: int = 64
+    # The running mean of v the output adds: its in-chunk sums of 16-bit v as a product with
+    # triangular ones (kernels/common/triton/prefix.py) rather than tl.cumsum, a scan inside
+    # the state pass's sequential loop
+    mean_by_dot: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.train_fused_max_K, int) or self.train_fused_max_K < 0:

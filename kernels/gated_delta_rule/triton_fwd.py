@@ -30,6 +30,7 @@ import triton.language as tl
 
 from kernels.common.triton import utils
 from kernels.common.triton.gates import causal_decay
+from kernels.common.triton.prefix import row_prefix_sums
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
@@ -45,18 +46,19 @@ class RunningMean:
     x: torch.Tensor
     enter: torch.Tensor
     count: int
+    by_dot: bool = False  # the in-chunk sums as a product with triangular ones (prefix.py)
 
 
 @triton.jit
 def _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count,
-                       V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+                       V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BY_DOT: tl.constexpr):
     """[BT, BV] fp32: the running mean of RunningMean (x = mv, enter = menter) on the rows of
-    chunk i_t, columns v0 .. v0 + BV."""
-    b_x = load_tile(mv + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
+    chunk i_t, columns v0 .. v0 + BV; its in-chunk sums by row_prefix_sums(BY_DOT)."""
+    b_x = load_tile(mv + seq * V, t0, v0, T, V, H * V, BT, BV)
     o_v = v0 + tl.arange(0, BV)
     b_enter = tl.load(menter + (i_bh * NT + i_t).to(tl.int64) * V + o_v, mask=o_v < V, other=0.0)
     b_inv_t = 1.0 / (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
-    return (tl.cumsum(b_x, axis=0) + b_enter[None, :]) * b_inv_t[:, None]
+    return (row_prefix_sums(b_x, BT, BY_DOT) + b_enter[None, :]) * b_inv_t[:, None]
 
 
 @triton.jit(do_not_specialize=["T", "NT", "count"])
@@ -64,7 +66,7 @@ def state_fwd_kernel(
     k, w, u0, u, gam, h, h0, ht, q, o, mv, menter, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
-    FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr,
+    FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -95,7 +97,8 @@ def state_fwd_kernel(
             b_a = causal_decay(tl.dot(b_q, b_kt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
             b_o = b_o * scale + tl.dot(b_a.to(dt), b_u.to(u.dtype.element_ty).to(dt), input_precision=PREC)
             if HAS_MEAN:
-                b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV)
+                b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
+                                          MEAN_DOT)
             store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
         if USE_G:
             last = tl.minimum(t0 + BT, T) - 1
@@ -112,7 +115,7 @@ def state_fwd_kernel(
 def output_fwd_kernel(
     q, k, u, h, gam, mv, menter, o, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr, PREC: tl.constexpr,
 ):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -135,7 +138,7 @@ def output_fwd_kernel(
     b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
     if HAS_MEAN:  # the running mean of mv, added before the one rounding to o's dtype
-        b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV)
+        b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV, MEAN_DOT)
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
@@ -202,7 +205,8 @@ def state_fwd(
         o if o is not None else u0, mv, menter, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        STORE_STATES=store_states, HAS_MEAN=mean is not None, num_warps=warps(cfg.num_warps),
+        STORE_STATES=store_states, HAS_MEAN=mean is not None,
+        MEAN_DOT=mean is not None and mean.by_dot, num_warps=warps(cfg.num_warps),
         num_stages=stages,
     )
     return h, u, ht, o
@@ -225,7 +229,8 @@ def output_fwd(
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        HAS_MEAN=mean is not None, PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
+        HAS_MEAN=mean is not None, MEAN_DOT=mean is not None and mean.by_dot,
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
         num_stages=cfg.num_stages,
     )
     return o

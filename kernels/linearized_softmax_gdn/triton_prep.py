@@ -11,9 +11,10 @@ empty and both sides are 0), so keys and values are the same "centred" map x_t -
 one kernel serves both. Every division is by t >= 1: nothing is ever inf or NaN.
 
 Forward (prep_fwd, the scans `running_mean_fwd`): one program per (sequence = batch x head,
-feature block) walks T in chunks of BT rows, tl.cumsum inside the chunk plus an fp32 carry of
-the sum so far, and writes key and value whole (centring them inside the delta rule's WY
-kernel instead is slower: docs/design.md §7). The running mean of v, which the output adds, is
+feature block) walks T in chunks of BT rows, prefix sums inside the chunk (tl.cumsum, or a
+product with triangular ones under PrepLaunch.scan_by_dot) plus an fp32 carry of the sum so
+far, and writes key and value whole (centring them inside the delta rule's WY kernel instead
+is slower: docs/design.md §7). The running mean of v, which the output adds, is
 not stored: the scan of v stores the sum entering each 64-token chunk, and the delta rule's
 output kernel forms v_bar from it and v.
 Backward (`running_mean_bwd`): the adjoint is the reverse scan. With c_t = x_t - S_t/t and
@@ -33,9 +34,12 @@ import triton
 import triton.language as tl
 
 from kernels.common.launch import PrepLaunch, settings
+from kernels.common.triton.prefix import row_prefix_sums
 from kernels.common.triton.tiles import load_tile, store_tile
 from kernels.common.triton.utils import new_buffer, warps
 from kernels.gated_delta_rule.triton_wy import CHUNK  # the delta rule's chunks, whose output reads the entering sums
+
+DOT_ROWS = 64  # the most rows a tile's prefix sums take on the tensor cores
 
 
 @triton.jit
@@ -50,10 +54,11 @@ def _load_carry(ptr, i_bh, o_d, m_d, D: tl.constexpr, BD: tl.constexpr, PRESENT:
 def running_mean_fwd_kernel(
     x, s0, centred, enter, s_final, count, T, NC,
     H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, CHUNK: tl.constexpr,
-    HAS_S0: tl.constexpr, STORE_ENTER: tl.constexpr,
+    HAS_S0: tl.constexpr, STORE_ENTER: tl.constexpr, BY_DOT: tl.constexpr,
 ):
     """x, centred: [B, T, H, D]; s0, s_final: [B, H, D] fp32; enter: [B, H, NC, D] fp32, the
-    sum entering each CHUNK-row chunk (s0 plus every row before it). Grid (cdiv(D, BD), B*H)."""
+    sum entering each CHUNK-row chunk (s0 plus every row before it). Grid (cdiv(D, BD), B*H).
+    BY_DOT: the in-tile sums by row_prefix_sums on the tensor cores (16-bit x)."""
     i_d, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     # element offset of row 0 of this sequence in a [B, T, H, D] tensor
@@ -65,8 +70,9 @@ def running_mean_fwd_kernel(
         o_t = i_t * BT + tl.arange(0, BT)
         # 1/t at absolute positions; rows past T are masked out on store
         b_inv_t = 1.0 / (count + 1 + o_t).to(tl.float32)
-        b_x = load_tile(x + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
-        b_sum = tl.cumsum(b_x, axis=0) + b_carry[None, :]
+        b_xin = load_tile(x + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+        b_x = b_xin.to(tl.float32)
+        b_sum = row_prefix_sums(b_xin, BT, BY_DOT) + b_carry[None, :]
         store_tile(centred + seq, b_x - b_sum * b_inv_t[:, None], i_t * BT, i_d * BD, T, D, H * D, BT, BD)
         if STORE_ENTER:  # the rows that open a chunk: the sum before them
             p_enter = enter + (i_bh.to(tl.int64) * NC + o_t // CHUNK)[:, None] * D + o_d[None, :]
@@ -120,12 +126,13 @@ def prep_launch() -> PrepLaunch:
 def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch) -> tuple[int, int]:
     """(BT, BD): BD halved from cfg.max_BD while n_seq * cdiv(D, BD) programs are too few,
     then BT = tile_elems / BD rows per step (at most T rounded up to a power of two, at
-    least 16)."""
+    least 16, and at most DOT_ROWS under cfg.scan_by_dot: its [BT, BT] matrix of ones stays
+    in registers)."""
     bd = max(cfg.min_BD, min(cfg.max_BD, triton.next_power_of_2(D)))
     while bd > cfg.min_BD and n_seq * triton.cdiv(D, bd) < cfg.min_programs:
         bd //= 2
     bt = max(16, min(cfg.tile_elems // bd, triton.next_power_of_2(T)))
-    return bt, bd
+    return (min(bt, DOT_ROWS) if cfg.scan_by_dot else bt), bd
 
 
 def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_enter: bool,
@@ -146,7 +153,7 @@ def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store
     bt, bd = launch_blocks(B * H, D, T, cfg)
     running_mean_fwd_kernel[(triton.cdiv(D, bd), B * H)](
         x, s0, centred, enter, s_final, count, T, NC, H=H, D=D, BT=bt, BD=bd, CHUNK=chunk,
-        HAS_S0=s0 is not None, STORE_ENTER=store_enter,
+        HAS_S0=s0 is not None, STORE_ENTER=store_enter, BY_DOT=cfg.scan_by_dot,
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return centred, enter, s_final

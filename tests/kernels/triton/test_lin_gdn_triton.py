@@ -154,6 +154,27 @@ def test_fresh_start_fp16():
     run_case(1, 64, 1, 16, 32, 0, torch.float16, seed=4)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("by_dot", [True, False])
+def test_running_mean_of_v_fp16(launch, monkeypatch, fused, by_dot):
+    """The running mean of v the output adds, its in-chunk sums as a product with triangular
+    ones (LinGdnLaunch.mean_by_dot) or by tl.cumsum, in the fused training pass and in the
+    output kernel; fp16 (fp32 tiles always take the scan), three chunks, a continued state.
+    The kernels are launched with the setting asked for."""
+    from kernels.gated_delta_rule import triton_fwd
+    from tests.launch_util import LaunchSpy
+
+    flags = []
+    for name in ("state_fwd_kernel", "output_fwd_kernel"):
+        monkeypatch.setattr(triton_fwd, name, LaunchSpy(getattr(triton_fwd, name),
+                                                        lambda kw: flags.append(kw.get("FUSE_OUTPUT", True)
+                                                                                and kw["MEAN_DOT"])))
+    launch(gated_delta_rule={"fused_fwd": {"enabled": fused, "min_heads": 1}},
+           linearized_softmax_gdn={"mean_by_dot": by_dot})
+    run_case(1, 130, 2, 16, 32, 6, torch.float16, seed=41)
+    assert flags == ([by_dot] if fused else [False, by_dot])
+
+
 @pytest.mark.parametrize("count", [0, 9])
 def test_public_op_triton_matches_reference(count):
     """Through the public op: backend="triton" against backend="reference" on fp64 copies."""
@@ -275,12 +296,15 @@ def run_prep(leaves, count, dtype, cfg, seed=99):
     (64, 16, 16, 7, 256, torch.float32),
     (100, 24, 40, 3, 512, torch.float32),  # feature blocks past K, V: masked columns
     (130, 32, 32, 0, 256, torch.float16),  # three chunks of entering sums, 16-row tiles
+    (200, 16, 48, 5, 8192, torch.float16),  # 16-bit: the scan_by_dot cases take 64-row tiles
     (200, 16, 16, 5, 8192, torch.float32),  # a tile of 256 rows opens four chunks
     (70, 80, 72, 2, 4096, torch.float32),  # five 16-wide feature blocks of K and of V, V's last partial
 ])
-def test_prep_matches_loop(launch, T, K, V, count, tile_elems, dtype):
-    """prep_fwd / prep_bwd against running_means_loop: outputs and gradients."""
-    launch(linearized_softmax_gdn={"prep": {"tile_elems": tile_elems}})
+@pytest.mark.parametrize("by_dot", [False, True])
+def test_prep_matches_loop(launch, T, K, V, count, tile_elems, dtype, by_dot):
+    """prep_fwd / prep_bwd against running_means_loop: outputs and gradients, the forward's
+    in-tile sums by tl.cumsum or (PrepLaunch.scan_by_dot; 16-bit inputs) on the tensor cores."""
+    launch(linearized_softmax_gdn={"prep": {"tile_elems": tile_elems, "scan_by_dot": by_dot}})
     leaves = prep_leaves(2, T, 2, K, V, count, seed=T + count)
     out, grads, out_ref, grads_ref = run_prep(leaves, count, dtype, settings("linearized_softmax_gdn").prep)
     if T == 1 and not count:  # t = 1 of an empty state: key and value exactly zero
