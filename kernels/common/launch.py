@@ -464,15 +464,16 @@ class PrepLaunch(KernelLaunch):
     """The linearized softmax GDN's running-mean kernels (linearized_softmax_gdn/triton_prep.py):
     tile_elems = BT * BD rows x features per loop step (enough bytes in flight per program);
     the feature block BD is halved from max_BD, down to min_BD, while fewer than
-    min_programs programs would run. scan_by_dot: the forward scan's in-tile sums of 16-bit
-    inputs as a product with triangular ones (kernels/common/triton/prefix.py; at most 64
-    rows a step)."""
+    min_programs programs would run. fwd_by_dot / bwd_by_dot: the forward's in-tile sums of
+    16-bit inputs, the backward's of the fp32 cotangents (for a 16-bit dx), as products with
+    triangular ones (kernels/common/triton/prefix.py; at most 64 rows a step)."""
 
     max_BD: int = 64
     min_BD: int = 16
     tile_elems: int = 4096
     min_programs: int = 512
-    scan_by_dot: bool = False
+    fwd_by_dot: bool = False
+    bwd_by_dot: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -46,7 +46,12 @@ class RunningMean:
     x: torch.Tensor
     enter: torch.Tensor
     count: int
-    by_dot: bool = False  # the in-chunk sums as a product with triangular ones (prefix.py)
+    by_dot: bool = False  # the in-chunk sums of a 16-bit x as a product with triangular ones (prefix.py)
+
+    def sums_by_dot(self) -> bool:
+        """Whether the output kernels take the in-chunk sums on the tensor cores: by_dot and a
+        16-bit x (an fp32 x keeps tl.cumsum: its fp32 output wants every bit)."""
+        return self.by_dot and self.x.element_size() == 2
 
 
 @triton.jit
@@ -206,7 +211,7 @@ def state_fwd(
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
         STORE_STATES=store_states, HAS_MEAN=mean is not None,
-        MEAN_DOT=mean is not None and mean.by_dot, num_warps=warps(cfg.num_warps),
+        MEAN_DOT=mean is not None and mean.sums_by_dot(), num_warps=warps(cfg.num_warps),
         num_stages=stages,
     )
     return h, u, ht, o
@@ -229,7 +234,7 @@ def output_fwd(
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        HAS_MEAN=mean is not None, MEAN_DOT=mean is not None and mean.by_dot,
+        HAS_MEAN=mean is not None, MEAN_DOT=mean is not None and mean.sums_by_dot(),
         PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
         num_stages=cfg.num_stages,
     )

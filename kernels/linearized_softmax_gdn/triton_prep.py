@@ -12,7 +12,7 @@ one kernel serves both. Every division is by t >= 1: nothing is ever inf or NaN.
 
 Forward (prep_fwd, the scans `running_mean_fwd`): one program per (sequence = batch x head,
 feature block) walks T in chunks of BT rows, prefix sums inside the chunk (tl.cumsum, or a
-product with triangular ones under PrepLaunch.scan_by_dot) plus an fp32 carry of the sum so
+product with triangular ones under PrepLaunch.fwd_by_dot, 16-bit inputs) plus an fp32 carry of the sum so
 far, and writes key and value whole (centring them inside the delta rule's WY kernel instead
 is slower: docs/design.md §7). The running mean of v, which the output adds, is
 not stored: the scan of v stores the sum entering each 64-token chunk, and the delta rule's
@@ -20,7 +20,8 @@ output kernel forms v_bar from it and v.
 Backward (`running_mean_bwd`): the adjoint is the reverse scan. With c_t = x_t - S_t/t and
 m_t = S_t/t, the cotangent of S_t is r_t = (dm_t - dc_t) / t (+ dS_T at t = T), so
     dx_j = dc_j + sum_{t >= j} r_t,      ds0 = sum_t r_t + dS_T,
-walked from the last chunk to the first with an fp32 carry.
+walked from the last chunk to the first with an fp32 carry (the in-tile sums by tl.cumsum, or
+on the tensor cores in two bf16 parts under PrepLaunch.bwd_by_dot, for a 16-bit dx).
 
 All sums, means and carries are fp32, key/value in the kernel dtype (fp16, bf16, fp32). fp64
 inputs use `running_mean_torch` (same formulas in torch, fp64 throughout; the Triton kernels
@@ -87,9 +88,12 @@ def running_mean_bwd_kernel(
     d_centred, d_mean, ds_final, dx, ds0, count, T,
     H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
     HAS_DC: tl.constexpr, HAS_DM: tl.constexpr, HAS_DSF: tl.constexpr, HAS_S0: tl.constexpr,
+    BY_DOT: tl.constexpr,
 ):
     """Adjoint of running_mean_fwd_kernel. d_centred, d_mean, dx: [B, T, H, D] (any float
-    dtype; absent cotangents are flagged off); ds_final, ds0: [B, H, D] fp32."""
+    dtype; absent cotangents are flagged off); ds_final, ds0: [B, H, D] fp32. BY_DOT: the
+    in-tile suffix sums of the fp32 cotangents by row_prefix_sums on the tensor cores, for a
+    16-bit dx."""
     i_d, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b.to(tl.int64) * T * H + i_h) * D
@@ -109,7 +113,7 @@ def running_mean_bwd_kernel(
         if HAS_DM:
             b_dm = load_tile(d_mean + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
             b_r += b_dm * b_inv_t[:, None]
-        b_dx = tl.cumsum(b_r, axis=0, reverse=True) + b_carry[None, :]
+        b_dx = row_prefix_sums(b_r, BT, BY_DOT, REVERSE=True) + b_carry[None, :]
         if HAS_DC:
             b_dx += b_dc
         store_tile(dx + seq, b_dx, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
@@ -123,16 +127,16 @@ def prep_launch() -> PrepLaunch:
     return settings("linearized_softmax_gdn").prep
 
 
-def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch) -> tuple[int, int]:
+def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch, by_dot: bool) -> tuple[int, int]:
     """(BT, BD): BD halved from cfg.max_BD while n_seq * cdiv(D, BD) programs are too few,
     then BT = tile_elems / BD rows per step (at most T rounded up to a power of two, at
-    least 16, and at most DOT_ROWS under cfg.scan_by_dot: its [BT, BT] matrix of ones stays
-    in registers)."""
+    least 16, and at most DOT_ROWS when by_dot: the [BT, BT] matrix of ones stays in
+    registers)."""
     bd = max(cfg.min_BD, min(cfg.max_BD, triton.next_power_of_2(D)))
     while bd > cfg.min_BD and n_seq * triton.cdiv(D, bd) < cfg.min_programs:
         bd //= 2
     bt = max(16, min(cfg.tile_elems // bd, triton.next_power_of_2(T)))
-    return (min(bt, DOT_ROWS) if cfg.scan_by_dot else bt), bd
+    return (min(bt, DOT_ROWS) if by_dot else bt), bd
 
 
 def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_enter: bool,
@@ -150,10 +154,11 @@ def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store
     enter = new_buffer((B, H, NC, D), torch.float32, x.device) if store_enter else None
     s_final = new_buffer((B, H, D), torch.float32, x.device)
     cfg = cfg or prep_launch()
-    bt, bd = launch_blocks(B * H, D, T, cfg)
+    by_dot = cfg.fwd_by_dot and x.element_size() == 2  # fp32 keys and values keep the scan
+    bt, bd = launch_blocks(B * H, D, T, cfg, by_dot)
     running_mean_fwd_kernel[(triton.cdiv(D, bd), B * H)](
         x, s0, centred, enter, s_final, count, T, NC, H=H, D=D, BT=bt, BD=bd, CHUNK=chunk,
-        HAS_S0=s0 is not None, STORE_ENTER=store_enter, BY_DOT=cfg.scan_by_dot,
+        HAS_S0=s0 is not None, STORE_ENTER=store_enter, BY_DOT=by_dot,
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return centred, enter, s_final
@@ -171,11 +176,12 @@ def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has
     d_mean = d_mean.contiguous() if d_mean is not None else None
     ds_final = ds_final.float().contiguous() if ds_final is not None else None
     cfg = cfg or prep_launch()
-    bt, bd = launch_blocks(B * H, D, T, cfg)
+    by_dot = cfg.bwd_by_dot and dx.element_size() == 2  # an fp32 dx keeps the scan
+    bt, bd = launch_blocks(B * H, D, T, cfg, by_dot)
     running_mean_bwd_kernel[(triton.cdiv(D, bd), B * H)](
         d_centred, d_mean, ds_final, dx, ds0, count, T, H=H, D=D, BT=bt, BD=bd,
         HAS_DC=d_centred is not None, HAS_DM=d_mean is not None,
-        HAS_DSF=ds_final is not None, HAS_S0=has_s0,
+        HAS_DSF=ds_final is not None, HAS_S0=has_s0, BY_DOT=by_dot,
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dx, ds0

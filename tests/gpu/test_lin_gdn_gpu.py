@@ -86,10 +86,14 @@ def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count):
     bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}")
 
 
-def test_lin_gdn_prep_bf16_T8192_matches_loop():
+@pytest.mark.parametrize("by_dot", [False, True], ids=["scans", "dots"])
+def test_lin_gdn_prep_bf16_T8192_matches_loop(by_dot):
     """The preprocessing alone, from a state (count 37), every output (the entering sums of v
     for its running mean) and input gradient, against the per-token form written from the
-    definitions (8192 steps of a loop in fp64)."""
+    definitions (8192 steps of a loop in fp64); the in-tile sums by tl.cumsum or on the
+    tensor cores (PrepLaunch.fwd_by_dot, bwd_by_dot)."""
+    import dataclasses
+
     from kernels.common.launch import settings
     from kernels.common.triton import utils
     from tests.kernels.triton.test_lin_gdn_triton import PREP_NAMES, run_prep
@@ -99,11 +103,13 @@ def test_lin_gdn_prep_bf16_T8192_matches_loop():
     leaves = [leaves[1], leaves[2], leaves[4], leaves[5]]  # k, v, k_sum, v_sum
     utils.DEBUG.poison = True
     try:
-        out, grads, out_ref, grads_ref = run_prep(leaves, count, torch.bfloat16, settings("linearized_softmax_gdn").prep)
+        cfg = dataclasses.replace(settings("linearized_softmax_gdn").prep, fwd_by_dot=by_dot, bwd_by_dot=by_dot)
+        out, grads, out_ref, grads_ref = run_prep(leaves, count, torch.bfloat16, cfg)
     finally:
         utils.DEBUG.poison = False
     names = (*PREP_NAMES, "dk", "dv", "dk_sum0", "dv_sum0")
-    bf16_errors(dict(zip(names, zip((*out, *grads), (*out_ref, *grads_ref)))), f"lin_gdn_prep_bf16_T{T}")
+    bf16_errors(dict(zip(names, zip((*out, *grads), (*out_ref, *grads_ref)))),
+                f"lin_gdn_prep_bf16_T{T}" + ("_dots" if by_dot else ""))
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])

@@ -65,6 +65,31 @@ def compare():
     return compare_with_reference
 
 
+@pytest.fixture
+def bf16_dots(monkeypatch):
+    """The interpreter's tl.dot multiplies bf16 tiles as their uint16 storage (it converts
+    only 8-bit floats), so a bf16 product is garbage there. This widens bf16 operands to fp32
+    first (exact: bf16 is fp32's top half), which is what a GPU's bf16 product computes, each
+    term exact and the sums in fp32. For kernels whose bf16 products are internal (the split
+    sums of kernels/common/triton/prefix.py); the ops still refuse bf16 inputs on the
+    interpreter (docs/design.md §9)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    plain = interpreter.InterpreterBuilder.create_dot
+
+    def widened(h):
+        if h.dtype != tl.bfloat16:
+            return h
+        return interpreter.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return plain(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+
+
 @pytest.fixture(autouse=True)
 def fused_forward_at_small_shapes():
     """The fused linear/GLA forward is used from its launch settings' min_heads sequences of

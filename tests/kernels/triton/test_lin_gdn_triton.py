@@ -296,15 +296,16 @@ def run_prep(leaves, count, dtype, cfg, seed=99):
     (64, 16, 16, 7, 256, torch.float32),
     (100, 24, 40, 3, 512, torch.float32),  # feature blocks past K, V: masked columns
     (130, 32, 32, 0, 256, torch.float16),  # three chunks of entering sums, 16-row tiles
-    (200, 16, 48, 5, 8192, torch.float16),  # 16-bit: the scan_by_dot cases take 64-row tiles
+    (200, 16, 48, 5, 8192, torch.float16),  # 16-bit: the fwd_by_dot cases take 64-row tiles
     (200, 16, 16, 5, 8192, torch.float32),  # a tile of 256 rows opens four chunks
     (70, 80, 72, 2, 4096, torch.float32),  # five 16-wide feature blocks of K and of V, V's last partial
 ])
 @pytest.mark.parametrize("by_dot", [False, True])
-def test_prep_matches_loop(launch, T, K, V, count, tile_elems, dtype, by_dot):
-    """prep_fwd / prep_bwd against running_means_loop: outputs and gradients, the forward's
-    in-tile sums by tl.cumsum or (PrepLaunch.scan_by_dot; 16-bit inputs) on the tensor cores."""
-    launch(linearized_softmax_gdn={"prep": {"tile_elems": tile_elems, "scan_by_dot": by_dot}})
+def test_prep_matches_loop(launch, bf16_dots, T, K, V, count, tile_elems, dtype, by_dot):
+    """prep_fwd / prep_bwd against running_means_loop: outputs and gradients, the in-tile sums
+    by tl.cumsum or, for 16-bit inputs, on the tensor cores (PrepLaunch.fwd_by_dot and
+    bwd_by_dot; the backward's fp32 terms in two bf16 parts, hence bf16_dots)."""
+    launch(linearized_softmax_gdn={"prep": {"tile_elems": tile_elems, "fwd_by_dot": by_dot, "bwd_by_dot": by_dot}})
     leaves = prep_leaves(2, T, 2, K, V, count, seed=T + count)
     out, grads, out_ref, grads_ref = run_prep(leaves, count, dtype, settings("linearized_softmax_gdn").prep)
     if T == 1 and not count:  # t = 1 of an empty state: key and value exactly zero
