@@ -11,12 +11,12 @@ empty and both sides are 0), so keys and values are the same "centred" map x_t -
 one kernel serves both. Every division is by t >= 1: nothing is ever inf or NaN.
 
 Forward (prep_fwd, the scans `running_mean_fwd`): one program per (sequence = batch x head,
-feature block) walks T in chunks of BT rows, prefix sums inside the chunk (tl.cumsum, or a
-product with triangular ones under PrepLaunch.fwd_by_dot, 16-bit inputs) plus an fp32 carry of the sum so
-far, and writes key and value whole (centring them inside the delta rule's WY kernel instead
-is slower: docs/design.md §7). The running mean of v, which the output adds, is
-not stored: the scan of v stores the sum entering each 64-token chunk, and the delta rule's
-output kernel forms v_bar from it and v.
+feature block) walks T in chunks of BT rows, prefix sums inside the chunk (tl.cumsum, or for
+16-bit inputs a product with triangular ones under PrepLaunch.fwd_by_dot) plus an fp32 carry
+of the sum so far, and writes key and value whole (centring them inside the delta rule's WY
+kernel instead is slower: docs/design.md §7). The running mean of v, which the output adds,
+is not stored: the scan of v stores the sum entering each 64-token chunk, and the delta
+rule's output kernel forms v_bar from it and v.
 Backward (`running_mean_bwd`): the adjoint is the reverse scan. With c_t = x_t - S_t/t and
 m_t = S_t/t, the cotangent of S_t is r_t = (dm_t - dc_t) / t (+ dS_T at t = T), so
     dx_j = dc_j + sum_{t >= j} r_t,      ds0 = sum_t r_t + dS_T,
