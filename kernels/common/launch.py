@@ -499,8 +499,9 @@ class LinGdnLaunch:
     train_fused_max_K: int = 64
     # The running mean of v the output adds: its in-chunk sums of 16-bit v as a product with
     # triangular ones (kernels/common/triton/prefix.py) rather than tl.cumsum, a scan inside
-    # the state pass's sequential loop
-    mean_by_dot: bool = True
+    # the state pass's sequential loop; off until tests/gpu/test_lin_gdn_gpu.py and
+    # configs/kernels-launch-lin-gdn.yaml have run it
+    mean_by_dot: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.train_fused_max_K, int) or self.train_fused_max_K < 0:

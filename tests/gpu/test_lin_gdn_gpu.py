@@ -57,9 +57,23 @@ def bf16_errors(pairs: dict, case: str) -> dict:
     return errors
 
 
+# The running mean of v's in-chunk sums by tl.cumsum or on the tensor cores
+# (LinGdnLaunch.mean_by_dot), the latter also inside the fused training pass (forced on: this
+# shape has too few heads for it and K = 128 is over train_fused_max_K)
+MEAN_FORMS = {
+    "mean_scan": {"linearized_softmax_gdn": {"mean_by_dot": False}},
+    "mean_dots": {"linearized_softmax_gdn": {"mean_by_dot": True}},
+    "mean_dots_fused": {"linearized_softmax_gdn": {"mean_by_dot": True, "train_fused_max_K": 128},
+                        "gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}},
+}
+
+
+@pytest.mark.parametrize("form", list(MEAN_FORMS))
 @pytest.mark.parametrize("count", [0, 37])
-def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count):
+def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count, form):
+    """Through the public op, in each of MEAN_FORMS."""
     lin = pytest.importorskip("kernels.linearized_softmax_gdn")
+    from kernels.common.launch import launch_settings
     from kernels.common.triton import utils
 
     leaves = make_leaves(count, seed=7 + count)
@@ -72,7 +86,7 @@ def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count):
     d_state = [torch.randn(s, device="cuda", generator=gen) for s in ((B, H, D, D), (B, H, D), (B, H, D))]
     utils.DEBUG.poison = True
     try:
-        with triton_ran("linearized_softmax_gdn"):
+        with triton_ran("linearized_softmax_gdn"), launch_settings(**MEAN_FORMS[form]):
             o, s = lin.linearized_softmax_gdn(*ours[:3], initial_state=st, output_final_state=True, backend="triton")
             grads = torch.autograd.grad((o, *s[:3]), ours, (do, *d_state))
     finally:
@@ -83,7 +97,7 @@ def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count):
     assert o.dtype == torch.bfloat16 and s.count == count + T
     pairs = {"o": (o, o_ref), "h": (s.h, s_ref.h), "k_sum": (s.k_sum, s_ref.k_sum), "v_sum": (s.v_sum, s_ref.v_sum)}
     pairs.update({n: (a, b) for n, a, b in zip(("dq", "dk", "dv", "dh0", "dk_sum0", "dv_sum0"), grads, grads_ref)})
-    bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}")
+    bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}" + ("" if form == "mean_scan" else f"_{form}"))
 
 
 @pytest.mark.parametrize("by_dot", [False, True], ids=["scans", "dots"])
@@ -112,8 +126,9 @@ def test_lin_gdn_prep_bf16_T8192_matches_loop(by_dot):
                 f"lin_gdn_prep_bf16_T{T}" + ("_dots" if by_dot else ""))
 
 
+@pytest.mark.parametrize("mean_by_dot", [False, True], ids=["mean_scan", "mean_dots"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
-def test_lin_gdn_bf16_T8192_forward_without_gradient(fused):
+def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, mean_by_dot):
     """The no-gradient forward (lin_gdn_infer; its running mean added in the fused state pass
     or in the output kernel, forced here): o and the final state against the fp64 chunked
     form, from a state (count 37)."""
@@ -126,7 +141,8 @@ def test_lin_gdn_bf16_T8192_forward_without_gradient(fused):
     st = lin.LinGDNState(*leaves[3:], count)
     utils.DEBUG.poison = True
     try:
-        with launch_settings(gated_delta_rule={"infer_fused": {"enabled": fused, "min_heads": 1}}), \
+        with launch_settings(gated_delta_rule={"infer_fused": {"enabled": fused, "min_heads": 1}},
+                             linearized_softmax_gdn={"mean_by_dot": mean_by_dot}), \
                 triton_ran("linearized_softmax_gdn"), torch.no_grad():
             o, s = lin.linearized_softmax_gdn(*leaves[:3], initial_state=st, output_final_state=True, backend="triton")
     finally:
@@ -135,4 +151,5 @@ def test_lin_gdn_bf16_T8192_forward_without_gradient(fused):
     o_ref, s_ref = lin.linearized_softmax_gdn(*ref[:3], initial_state=lin.LinGDNState(*ref[3:], count),
                                               output_final_state=True, backend="torch")
     pairs = {"o": (o, o_ref), "h": (s.h, s_ref.h), "k_sum": (s.k_sum, s_ref.k_sum), "v_sum": (s.v_sum, s_ref.v_sum)}
-    bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}_no_gradient_{'fused' if fused else 'two_kernels'}")
+    bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}_no_gradient_{'fused' if fused else 'two_kernels'}"
+                + ("_mean_dots" if mean_by_dot else ""))
