@@ -220,6 +220,12 @@ def run_ops() -> None:
         ("gradients over 32 key columns", {"mesa": {"grads": {"BC": 32}}}, ["mesa", "mesa with a state"]),
         ("mesa state passes 128 x 32, 8 warps, 3 stages",
          {"mesa": {"states": {"max_BK": 128, "max_BD": 32, "num_warps": 8, "num_stages": 3}}}, ["mesa"]),
+        *[(f"sums on the tensor cores, {how}",
+           {"linearized_softmax_gdn": {"mean_by_dot": True, "train_fused_max_K": 128,
+                                       "prep": {"fwd_by_dot": True, "bwd_by_dot": True}},
+            "gated_delta_rule": {"fused_fwd": {"enabled": fused, "min_heads": 1}}},
+           ["linearized_softmax_gdn", "linearized_softmax_gdn with a state"])
+          for how, fused in (("fused training pass", True), ("two kernels", False))],
     ]
     for label, over, names in options:
         with launch_settings(**over):
