@@ -290,7 +290,7 @@ def run_prep(leaves, count, dtype, cfg, seed=99):
     return out, grads, (*out_ref[:2], enter_ref, *out_ref[3:]), grads_ref
 
 
-@pytest.mark.parametrize(("T", "K", "V", "count", "tile_elems", "dtype"), [
+PREP_CASES = [  # (T, K, V, count, tile_elems, dtype)
     (1, 16, 32, 0, 4096, torch.float32),
     (63, 32, 16, 0, 256, torch.float32),
     (64, 16, 16, 7, 256, torch.float32),
@@ -299,8 +299,14 @@ def run_prep(leaves, count, dtype, cfg, seed=99):
     (200, 16, 48, 5, 8192, torch.float16),  # 16-bit: the fwd_by_dot cases take 64-row tiles
     (200, 16, 16, 5, 8192, torch.float32),  # a tile of 256 rows opens four chunks
     (70, 80, 72, 2, 4096, torch.float32),  # five 16-wide feature blocks of K and of V, V's last partial
-])
-@pytest.mark.parametrize("by_dot", [False, True])
+]
+
+
+# The switches on: every 16-bit case, and one fp32 case, whose scans must ignore them (an fp32
+# key, value or dx keeps every bit)
+@pytest.mark.parametrize(("T", "K", "V", "count", "tile_elems", "dtype", "by_dot"),
+                         [(*case, False) for case in PREP_CASES]
+                         + [(*case, True) for case in PREP_CASES if case[-1] != torch.float32 or case[0] == 100])
 def test_prep_matches_loop(launch, bf16_dots, T, K, V, count, tile_elems, dtype, by_dot):
     """prep_fwd / prep_bwd against running_means_loop: outputs and gradients, the in-tile sums
     by tl.cumsum or, for 16-bit inputs, on the tensor cores (PrepLaunch.fwd_by_dot and
