@@ -221,10 +221,15 @@ def run_ops() -> None:
         ("mesa state passes 128 x 32, 8 warps, 3 stages",
          {"mesa": {"states": {"max_BK": 128, "max_BD": 32, "num_warps": 8, "num_stages": 3}}}, ["mesa"]),
         *[(f"sums on the tensor cores, {how}",
-           {"linearized_softmax_gdn": {"mean_by_dot": True, "train_fused_max_K": 128,
+           {"linearized_softmax_gdn": {"mean_form": "dots", "train_fused_max_K": 128,
                                        "prep": {"fwd_by_dot": True, "bwd_by_dot": True}},
             "gated_delta_rule": {"fused_fwd": {"enabled": fused, "min_heads": 1}}},
            ["linearized_softmax_gdn", "linearized_softmax_gdn with a state"])
+          for how, fused in (("fused training pass", True), ("two kernels", False))],
+        *[(f"the running mean as v minus the centred value, {how}",
+           {"linearized_softmax_gdn": {"mean_form": "difference", "train_fused_max_K": 128},
+            "gated_delta_rule": {"fused_fwd": {"enabled": fused, "min_heads": 1}}},
+           ["linearized_softmax_gdn"])
           for how, fused in (("fused training pass", True), ("two kernels", False))],
     ]
     for label, over, names in options:
@@ -239,13 +244,17 @@ def run_ops() -> None:
     fused_infer = {"infer_fused": {"enabled": True, "min_heads": 1}}
     deep_infer = {"infer_fused": {"enabled": True, "min_heads": 1, "num_stages": 3}}
     delta_names = [n for n in calls if n.split(" ")[0] in ("delta_rule", "gated_delta_rule", "linearized_softmax_gdn")]
-    dot_mean = {"linearized_softmax_gdn": {"mean_by_dot": True}}
+    dot_mean = {"linearized_softmax_gdn": {"mean_form": "dots"}}
+    difference_mean = {"linearized_softmax_gdn": {"mean_form": "difference"}}
     for label, over in (("fused", {"delta_rule": fused_infer, "gated_delta_rule": fused_infer}),
                         ("fused, three stages", {"delta_rule": deep_infer, "gated_delta_rule": deep_infer}),
                         ("two kernels", {}),
                         ("fused, lin_gdn's mean summed on the tensor cores",
                          {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **dot_mean}),
-                        ("two kernels, lin_gdn's mean summed on the tensor cores", dot_mean)):
+                        ("two kernels, lin_gdn's mean summed on the tensor cores", dot_mean),
+                        ("fused, lin_gdn's mean as v minus the centred value",
+                         {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **difference_mean}),
+                        ("two kernels, lin_gdn's mean as v minus the centred value", difference_mean)):
         with launch_settings(**over), torch.no_grad():
             for name in delta_names:
                 print(f"compile_sm90: {name} without a gradient, {label}", flush=True)

@@ -481,6 +481,9 @@ class PrepLaunch(KernelLaunch):
         _check_pow2(self, "min_BD")
 
 
+MEAN_FORMS = ("scan", "dots", "difference")  # LinGdnLaunch.mean_form
+
+
 @dataclasses.dataclass(frozen=True)
 class LinGdnLaunch:
     """Launch settings of linearized_softmax_gdn's own kernels; its delta rule runs the
@@ -497,15 +500,19 @@ class LinGdnLaunch:
     # 20261206T194925, T224016)
     train_fused: bool = True
     train_fused_max_K: int = 64
-    # The running mean of v the output adds: its in-chunk sums of 16-bit v as a product with
-    # triangular ones (kernels/common/triton/prefix.py) rather than tl.cumsum, a scan inside
-    # the state pass's sequential loop; off until tests/gpu/test_lin_gdn_gpu.py and
-    # configs/kernels-launch-lin-gdn.yaml have run it
-    mean_by_dot: bool = False
+    # How the output forms the running mean of v it adds (MEAN_FORMS): "scan", in-chunk sums by
+    # tl.cumsum, a scan inside the state pass's sequential loop; "dots", those sums of 16-bit v
+    # as a product with triangular ones (kernels/common/triton/prefix.py); "difference", v_t
+    # minus the centred value the delta rule takes (v_t - vbar_t, stored by the scans), two
+    # tiles loaded and no sums. Scan until tests/gpu/test_lin_gdn_gpu.py and
+    # configs/kernels-launch-lin-gdn.yaml have run the others
+    mean_form: str = "scan"
 
     def __post_init__(self) -> None:
         if not isinstance(self.train_fused_max_K, int) or self.train_fused_max_K < 0:
             raise ValueError(f"LinGdnLaunch.train_fused_max_K must be an int >= 0, got {self.train_fused_max_K!r}")
+        if self.mean_form not in MEAN_FORMS:
+            raise ValueError(f"LinGdnLaunch.mean_form must be one of {list(MEAN_FORMS)}, got {self.mean_form!r}")
 
     def fuses_training(self, K: int) -> bool:
         """Whether the training forward at head dim K may fuse its output into the state pass."""

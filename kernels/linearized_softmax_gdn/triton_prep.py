@@ -16,7 +16,8 @@ feature block) walks T in chunks of BT rows, prefix sums inside the chunk (tl.cu
 of the sum so far, and writes key and value whole (centring them inside the delta rule's WY
 kernel instead is slower: docs/design.md §7). The running mean of v, which the output adds,
 is not stored: the scan of v stores the sum entering each 64-token chunk, and the delta
-rule's output kernel forms v_bar from it and v.
+rule's output kernel forms v_bar from it and v (or, with LinGdnLaunch.mean_form
+"difference", as v minus the stored value, with no sums).
 Backward (`running_mean_bwd`): the adjoint is the reverse scan. With c_t = x_t - S_t/t and
 m_t = S_t/t, the cotangent of S_t is r_t = (dm_t - dc_t) / t (+ dS_T at t = T), so
     dx_j = dc_j + sum_{t >= j} r_t,      ds0 = sum_t r_t + dS_T,
@@ -188,15 +189,15 @@ def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has
 
 
 def prep_fwd(k: torch.Tensor, v: torch.Tensor, k_sum0: torch.Tensor | None, v_sum0: torch.Tensor | None,
-             count: int, cfg: PrepLaunch):
+             count: int, cfg: PrepLaunch, v_enter: bool = True):
     """The running-mean scans: (k, v, k_sum0, v_sum0) -> (key, value, v_enter, k_sum_T,
     v_sum_T) of the module docstring. k: [B, T, H, K], v: [B, T, H, V] in fp16/bf16/fp32;
     k_sum0 [B, H, K] and v_sum0 [B, H, V] fp32, both None for an empty state (count = 0).
     key, value come in k's dtype, the sums in fp32: v_enter [B, H, cdiv(T, 64), V] the sums
     of v entering each 64-token chunk, from which the delta rule's output kernel adds the
-    running mean of v to o."""
+    running mean of v to o (None unless v_enter: the output then takes it as v - value)."""
     key, _, k_sum = running_mean_fwd(k, k_sum0, count, store_enter=False, cfg=cfg)
-    value, v_enter, v_sum = running_mean_fwd(v, v_sum0, count, store_enter=True, cfg=cfg)
+    value, v_enter, v_sum = running_mean_fwd(v, v_sum0, count, store_enter=v_enter, cfg=cfg)
     return key, value, v_enter, k_sum, v_sum
 
 

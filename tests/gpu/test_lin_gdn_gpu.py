@@ -57,14 +57,17 @@ def bf16_errors(pairs: dict, case: str) -> dict:
     return errors
 
 
-# The running mean of v's in-chunk sums by tl.cumsum or on the tensor cores
-# (LinGdnLaunch.mean_by_dot), the latter also inside the fused training pass (forced on: this
-# shape has too few heads for it and K = 128 is over train_fused_max_K)
+# The running mean of v (LinGdnLaunch.mean_form): in-chunk sums by tl.cumsum or on the tensor
+# cores, or v minus the centred value; the latter two also inside the fused training pass
+# (forced on: this shape has too few heads for it and K = 128 is over train_fused_max_K)
+FUSED_TRAINING = {"gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}}
 MEAN_FORMS = {
-    "mean_scan": {"linearized_softmax_gdn": {"mean_by_dot": False}},
-    "mean_dots": {"linearized_softmax_gdn": {"mean_by_dot": True}},
-    "mean_dots_fused": {"linearized_softmax_gdn": {"mean_by_dot": True, "train_fused_max_K": 128},
-                        "gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}},
+    "mean_scan": {"linearized_softmax_gdn": {"mean_form": "scan"}},
+    "mean_dots": {"linearized_softmax_gdn": {"mean_form": "dots"}},
+    "mean_dots_fused": {"linearized_softmax_gdn": {"mean_form": "dots", "train_fused_max_K": 128}, **FUSED_TRAINING},
+    "mean_difference": {"linearized_softmax_gdn": {"mean_form": "difference"}},
+    "mean_difference_fused": {"linearized_softmax_gdn": {"mean_form": "difference", "train_fused_max_K": 128},
+                              **FUSED_TRAINING},
 }
 
 
@@ -126,9 +129,9 @@ def test_lin_gdn_prep_bf16_T8192_matches_loop(by_dot):
                 f"lin_gdn_prep_bf16_T{T}" + ("_dots" if by_dot else ""))
 
 
-@pytest.mark.parametrize("mean_by_dot", [False, True], ids=["mean_scan", "mean_dots"])
+@pytest.mark.parametrize("mean_form", ["scan", "dots", "difference"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
-def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, mean_by_dot):
+def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, mean_form):
     """The no-gradient forward (lin_gdn_infer; its running mean added in the fused state pass
     or in the output kernel, forced here): o and the final state against the fp64 chunked
     form, from a state (count 37)."""
@@ -142,7 +145,7 @@ def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, mean_by_dot):
     utils.DEBUG.poison = True
     try:
         with launch_settings(gated_delta_rule={"infer_fused": {"enabled": fused, "min_heads": 1}},
-                             linearized_softmax_gdn={"mean_by_dot": mean_by_dot}), \
+                             linearized_softmax_gdn={"mean_form": mean_form}), \
                 triton_ran("linearized_softmax_gdn"), torch.no_grad():
             o, s = lin.linearized_softmax_gdn(*leaves[:3], initial_state=st, output_final_state=True, backend="triton")
     finally:
@@ -152,4 +155,4 @@ def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, mean_by_dot):
                                               output_final_state=True, backend="torch")
     pairs = {"o": (o, o_ref), "h": (s.h, s_ref.h), "k_sum": (s.k_sum, s_ref.k_sum), "v_sum": (s.v_sum, s_ref.v_sum)}
     bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}_no_gradient_{'fused' if fused else 'two_kernels'}"
-                + ("_mean_dots" if mean_by_dot else ""))
+                + ("" if mean_form == "scan" else f"_mean_{mean_form}"))
