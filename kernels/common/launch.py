@@ -305,6 +305,17 @@ class NarrowVLaunch(TileLaunch):
 
 
 @dataclasses.dataclass(frozen=True)
+class WyBwdLaunch(NarrowVLaunch):
+    """The delta rules' WY backward (kernels/gated_delta_rule/triton_wy_bwd.py). dm_readback:
+    dM^T read back transposed from a per-chunk copy of dM in global memory (a [BT, BT] tile in
+    the input dtype a chunk, in a scratch buffer) instead of formed again as -Tm dTm^T Tm from
+    transposed products of k, dW, v and dU: a quarter of the kernel's products and its second
+    pass over K and V go (a product is never transposed in registers: solve.py says why)."""
+
+    dm_readback: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class DeltaLaunch:
     """Launch settings of the delta_rule / gated_delta_rule kernels (kernels/gated_delta_rule).
     num_warps 8 is avoided on Hopper (miscompiles seen with Triton 3.4 to 3.7) and measured
@@ -343,7 +354,7 @@ class DeltaLaunch:
     # at K = 128 1,577 / 1,476 / 2,049 -> 1,504 / 1,971 / 1,941
     state_bwd: StateBwdLaunch = StateBwdLaunch(BV=64, num_warps=4, num_stages=2, local_du=True, min_heads=1)
     dqkw: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
-    wy_bwd: NarrowVLaunch = NarrowVLaunch(BK=64, BV=64, num_warps=4, num_stages=1, narrow_num_warps=2)
+    wy_bwd: WyBwdLaunch = WyBwdLaunch(BK=64, BV=64, num_warps=4, num_stages=1, narrow_num_warps=2, dm_readback=False)
     seq: NarrowingLaunch = NarrowingLaunch(min_BV=32, min_waves=2)
 
 

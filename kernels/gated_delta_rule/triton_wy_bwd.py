@@ -13,8 +13,10 @@ Given dW and dU0 (= dU), with gradients of gamma taken in natural-log units:
 and dg = reverse cumsum of dgamma within the chunk (gamma_i = g_1 + ... + g_i).
 dM^T is built from dA^T = -Tm dTm^T Tm, itself from loaded tiles (dTm^T = diag(f) K dW^T
 + diag(beta) V dU^T), so no product is ever transposed in registers (see
-kernels/common/triton/solve.py). grid (chunks, heads). The passes are ordered so that at most
-two [BT, BT] fp32 accumulators are live at once (dTm with K K^T, then dTm^T).
+kernels/common/triton/solve.py); or, with WyBwdLaunch.dm_readback, dM is stored to a scratch
+tile of its chunk and loaded back transposed (a CTA barrier between), which drops that second
+pass. grid (chunks, heads). The passes are ordered so that at most two [BT, BT] fp32
+accumulators are live at once (dTm with K K^T, then dTm^T).
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from kernels.gated_delta_rule.triton_wy import delta_launch
 
 @triton.jit(do_not_specialize=["T", "BTH", "NK"])
 def wy_bwd_kernel(
-    k, v, beta, gam, tm, dw, du, dk_part, dgam_part, dk, dv, dbeta, dg, T, BTH, NK, H,
+    k, v, beta, gam, tm, dw, du, dk_part, dgam_part, dk, dv, dbeta, dg, dm_scratch, T, BTH, NK, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr, DM_READBACK: tl.constexpr,
 ):
+    """dm_scratch: [B * H, cdiv(T, BT), BT, BT] in k's dtype with DM_READBACK (else unused)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
@@ -82,23 +85,28 @@ def wy_bwd_kernel(
         b_dgam = tl.sum(b_daa, axis=1) - tl.sum(b_daa, axis=0)
     b_dm = causal_decay(b_da * b_b[:, None], b_g, b_g, False, USE_G).to(dt)
 
-    # dTm^T from loaded tiles, then dA^T = -Tm dTm^T Tm and dM^T
-    b_dtmt = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_dwt = load_tile_t(dw + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_dtmt += tl.dot(b_k, b_dwt, input_precision=PREC)
-    if USE_G:
-        b_dtmt *= b_eg[:, None]
-    for i_v in range(tl.cdiv(V, BV)):
-        b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
-        b_dut = load_tile_t(du + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
-        b_dtmt += tl.dot(b_v, b_dut, input_precision=PREC)
-    b_dtmt *= b_b[:, None]
-    b_tm = load_tile(tm + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
-    b_dat = -tl.dot(tl.dot(b_tm, b_dtmt.to(dt), input_precision=PREC).to(dt), b_tm, input_precision=PREC)
-    b_dat = tl.where(o_r[None, :] > o_r[:, None], b_dat, 0.0)
-    b_dmt = anticausal_decay(b_dat * b_b[None, :], b_g, b_g, False, USE_G).to(dt)
+    if DM_READBACK:  # dM^T as dM's own tile, stored and loaded back transposed
+        p_dm = dm_scratch + (i_bh * tl.cdiv(T, BT) + i_t).to(tl.int64) * BT * BT
+        store_tile(p_dm, b_dm, 0, 0, BT, BT, BT, BT, BT)
+        tl.debug_barrier()  # every thread's part of the tile is written before any reads it
+        b_dmt = load_tile_t(p_dm, 0, 0, BT, BT, BT, BT, BT)
+    else:  # dTm^T from loaded tiles, then dA^T = -Tm dTm^T Tm and dM^T
+        b_dtmt = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_k in range(tl.cdiv(K, BK)):
+            b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+            b_dwt = load_tile_t(dw + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+            b_dtmt += tl.dot(b_k, b_dwt, input_precision=PREC)
+        if USE_G:
+            b_dtmt *= b_eg[:, None]
+        for i_v in range(tl.cdiv(V, BV)):
+            b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
+            b_dut = load_tile_t(du + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
+            b_dtmt += tl.dot(b_v, b_dut, input_precision=PREC)
+        b_dtmt *= b_b[:, None]
+        b_tm = load_tile(tm + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
+        b_dat = -tl.dot(tl.dot(b_tm, b_dtmt.to(dt), input_precision=PREC).to(dt), b_tm, input_precision=PREC)
+        b_dat = tl.where(o_r[None, :] > o_r[:, None], b_dat, 0.0)
+        b_dmt = anticausal_decay(b_dat * b_b[None, :], b_g, b_g, False, USE_G).to(dt)
 
     for i_k in range(tl.cdiv(K, BK)):
         b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
@@ -148,12 +156,14 @@ def wy_bwd(
     if need_dg and dgam_part is None:
         raise ValueError("wy_bwd: need_dg with a gate needs dqkw's dgam_part")
     dg = new_buffer((B, T, H), g_dtype, dev) if need_dg else None
+    # a scratch tile a chunk, written and read by its own program only
+    dm_scratch = new_buffer((B * H, triton.cdiv(T, BT), BT, BT), k.dtype, dev) if cfg.dm_readback else k
     wy_bwd_kernel[(triton.cdiv(T, BT), B * H)](
         k, v, beta, gam if gam is not None else k, tm, dw, du, dk_part,
-        dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k,
+        dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k, dm_scratch,
         T, B * T * H, dgam_part.shape[0] // 2 if dgam_part is not None else 0,
         H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        NEED_DG=need_dg, PREC=dot_precision(k.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
-        num_stages=cfg.num_stages,
+        NEED_DG=need_dg, PREC=dot_precision(k.dtype, cfg.fp32_dots), DM_READBACK=cfg.dm_readback,
+        num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return dk, dv, dbeta, dg

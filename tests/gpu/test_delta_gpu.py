@@ -160,6 +160,24 @@ def test_dqkw_over_the_whole_v(case):
     assert not bad, f"{case} dqkw BV 128: (error, default's error) over the bounds: {bad} (all: {wide})"
 
 
+@pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
+def test_wy_bwd_dm_readback(case):
+    """The WY backward with dM^T loaded back transposed from a scratch copy of dM
+    (WyBwdLaunch.dm_readback; off by default): every output and gradient against fp64 within
+    TOL, and every worst row within ROW_TOL or no more than 1.1x the default's (the two differ
+    in how dM^T is rounded only)."""
+    from kernels.common.launch import launch_settings
+
+    over = {"wy_bwd": {"dm_readback": True}}
+    with launch_settings(delta_rule=over, gated_delta_rule=over):
+        readback = errors_of.__wrapped__(case)  # not the cached figures of the default
+    default = errors_of(case)
+    dtype = CASES[case][6]
+    bad = {n: (e, default[n]) for n, e in readback.items()
+           if not (e < ROW_TOL[dtype] or e <= 1.1 * default[n] if n.endswith("(worst row)") else e < TOL[dtype])}
+    assert not bad, f"{case} wy_bwd dm_readback: (error, default's error) over the bounds: {bad} (all: {readback})"
+
+
 # the no-gradient forward's forms: its state pass with the output fused, at the defaults (at
 # these few programs, FusedStateLaunch.few_program_stages) and at num_stages everywhere, or the
 # state pass then the output

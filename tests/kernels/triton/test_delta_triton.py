@@ -175,6 +175,43 @@ def test_local_du_equals_du_local_then_state_bwd(launch, gated):
         assert rel_err(ours.float(), split.float()) < 2e-3
 
 
+@pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
+@pytest.mark.parametrize("T, K, dtype", [(1, 16, torch.float32), (130, 32, torch.float32), (100, 64, torch.float16)])
+def test_wy_bwd_dm_readback_matches_reference(compare, launch, gated, T, K, dtype):
+    """The WY backward with dM^T read back transposed from a scratch copy of dM
+    (WyBwdLaunch.dm_readback) forced on: every gradient against the reference; a partial last
+    chunk, several chunks, fp16 (dM rounded to it as the default path rounds it)."""
+    launch(**each(DELTA_OPS, {"wy_bwd": {"dm_readback": True}}))
+    tensors, h0 = make_inputs(2, T, 2, K, 32, dtype, seed=70 + T, gated=gated)
+    compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
+
+
+def test_wy_bwd_dm_readback_equals_default(launch, monkeypatch):
+    """dm_readback against the default on the same inputs, the kernel alone: dk, dv, dbeta and
+    dg agree up to the rounding of the two ways of forming dM^T (fp16 tiles), and the kernel
+    was launched each way."""
+    from kernels.gated_delta_rule import triton_wy, triton_wy_bwd
+    from tests.launch_util import LaunchSpy
+
+    flags = []
+    monkeypatch.setattr(triton_wy_bwd, "wy_bwd_kernel",
+                        LaunchSpy(triton_wy_bwd.wy_bwd_kernel, lambda kw: flags.append(kw["DM_READBACK"])))
+    tensors, _ = make_inputs(2, 130, 1, 32, 32, torch.float16, seed=71)
+    k, v, beta, g = (tensors[n].contiguous() for n in ("k", "v", "beta", "g"))
+    gam, tm, _, _ = triton_wy.wy_fwd(k, v, beta, g)
+    gen = torch.Generator().manual_seed(72)
+    dw, dk_part = (torch.randn(k.shape, generator=gen).half() for _ in range(2))
+    du = torch.randn(v.shape, generator=gen).half()
+    dgam_part = torch.randn(2, *beta.shape, generator=gen)
+    default = triton_wy_bwd.wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, torch.float32)
+    launch(**each(DELTA_OPS, {"wy_bwd": {"dm_readback": True}}))
+    readback = triton_wy_bwd.wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, torch.float32)
+    assert flags == [False, True]
+    for name, a, b in zip(("dk", "dv", "dbeta", "dg"), readback, default):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert rel_err(a.float(), b.float()) < 2e-3, name
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_wide_keys_narrow_values(compare, dtype):
     """K = 256, V = 32, the tiles of the H200 case gdn_bf16_T1000_K256_V32
