@@ -305,6 +305,17 @@ class NarrowVLaunch(TileLaunch):
 
 
 @dataclasses.dataclass(frozen=True)
+class DqkwLaunch(TileLaunch):
+    """The delta rules' dq/dk/dW kernel (kernels/gated_delta_rule/triton_bwd_grad.py).
+    dp_readback: (dP ⊙ Gamma)^T loaded back transposed from a copy of dP ⊙ Gamma in global
+    memory (a [BT, BT] tile in the input dtype a program, in a scratch buffer) instead of
+    formed again as U dO^T from transposed tiles: one [BT, V] x [V, BT] product of each
+    program's intra-chunk part goes."""
+
+    dp_readback: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class WyBwdLaunch(NarrowVLaunch):
     """The delta rules' WY backward (kernels/gated_delta_rule/triton_wy_bwd.py). dm_readback:
     dM^T read back transposed from a per-chunk copy of dM in global memory (a [BT, BT] tile in
@@ -353,7 +364,7 @@ class DeltaLaunch:
     # (DEFAULTS) takes it at K = 64 only: there 1,028 / 1,382 / 1,747 -> 582 / 750 / 1,201,
     # at K = 128 1,577 / 1,476 / 2,049 -> 1,504 / 1,971 / 1,941
     state_bwd: StateBwdLaunch = StateBwdLaunch(BV=64, num_warps=4, num_stages=2, local_du=True, min_heads=1)
-    dqkw: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
+    dqkw: DqkwLaunch = DqkwLaunch(BK=64, BV=64, num_warps=4, num_stages=2, dp_readback=False)
     wy_bwd: WyBwdLaunch = WyBwdLaunch(BK=64, BV=64, num_warps=4, num_stages=1, narrow_num_warps=2, dm_readback=False)
     seq: NarrowingLaunch = NarrowingLaunch(min_BV=32, min_waves=2)
 

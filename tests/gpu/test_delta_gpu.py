@@ -161,21 +161,23 @@ def test_dqkw_over_the_whole_v(case):
 
 
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
-def test_wy_bwd_dm_readback(case):
-    """The WY backward with dM^T loaded back transposed from a scratch copy of dM
-    (WyBwdLaunch.dm_readback; off by default): every output and gradient against fp64 within
-    TOL, and every worst row within ROW_TOL or no more than 1.1x the default's (the two differ
-    in how dM^T is rounded only)."""
+def test_backward_readback(case):
+    """The backward's transposed [BT, BT] tiles loaded back from scratch copies: dM^T in the WY
+    backward (WyBwdLaunch.dm_readback) and (dP ⊙ Gamma)^T in dqkw (DqkwLaunch.dp_readback;
+    both off by default; on a GPU each program's tile is written and read across its threads,
+    which the interpreter cannot show): every output and gradient against fp64 within TOL, and
+    every worst row within ROW_TOL or no more than 1.1x the default's (the two differ in how
+    those tiles are rounded only)."""
     from kernels.common.launch import launch_settings
 
-    over = {"wy_bwd": {"dm_readback": True}}
+    over = {"wy_bwd": {"dm_readback": True}, "dqkw": {"dp_readback": True}}
     with launch_settings(delta_rule=over, gated_delta_rule=over):
         readback = errors_of.__wrapped__(case)  # not the cached figures of the default
     default = errors_of(case)
     dtype = CASES[case][6]
     bad = {n: (e, default[n]) for n, e in readback.items()
            if not (e < ROW_TOL[dtype] or e <= 1.1 * default[n] if n.endswith("(worst row)") else e < TOL[dtype])}
-    assert not bad, f"{case} wy_bwd dm_readback: (error, default's error) over the bounds: {bad} (all: {readback})"
+    assert not bad, f"{case} read-back tiles: (error, default's error) over the bounds: {bad} (all: {readback})"
 
 
 # the no-gradient forward's forms: its state pass with the output fused, at the defaults (at
