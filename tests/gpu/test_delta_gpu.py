@@ -121,43 +121,45 @@ def test_fused_state_output(case):
     assert_within(errors, CASES[case][6], f"{case} fused")
 
 
+def over_bounds_against(case: str, errors: dict, baseline: dict) -> dict:
+    """The quantities of `errors` (a launch variant's, errors_of's form) over their bounds: whole
+    tensors over TOL, worst rows over ROW_TOL and more than 1.1x the baseline path's (whose own
+    worst rows test_matches_fp64_chunked holds), as {name: (error, baseline error)}."""
+    dtype = CASES[case][6]
+    return {n: (e, baseline[n]) for n, e in errors.items()
+            if not (e < ROW_TOL[dtype] or e <= 1.1 * baseline[n] if n.endswith("(worst row)") else e < TOL[dtype])}
+
+
+def variant_errors(case: str, over: dict) -> dict:
+    """errors_of `case` with the delta rules' launch settings `over` (not the cached figures of
+    the defaults)."""
+    from kernels.common.launch import launch_settings
+
+    with launch_settings(delta_rule=over, gated_delta_rule=over):
+        return errors_of.__wrapped__(case)
+
+
 @pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_bf16_T32768", "delta_fp16_T75_K64_V256",
                                   "gdn_bf16_T1000_K256_V32"])
 def test_local_du_in_state_bwd(case):
     """The backward state pass forming dU_local itself (StateBwdLaunch.local_du) against
     du_local's launch then the pass, each against fp64: every output and gradient within TOL,
-    and every worst row within ROW_TOL or no more than 1.1x the two-launch path's (whose own
-    worst rows test_matches_fp64_chunked holds; the paths differ in dU_local's rounding only)."""
-    from kernels.common.launch import launch_settings
-
-    def errors(local: bool) -> dict:  # not the cached figures of the default path
-        over = {"state_bwd": {"local_du": local, "min_heads": 1, "max_K": 256}}
-        with launch_settings(delta_rule=over, gated_delta_rule=over):
-            return errors_of.__wrapped__(case)
-
-    local, split = errors(True), errors(False)
-    dtype = CASES[case][6]
-    bad = {n: (e, split[n]) for n, e in local.items()
-           if not (e < ROW_TOL[dtype] or e <= 1.1 * split[n] if n.endswith("(worst row)") else e < TOL[dtype])}
-    assert not bad, f"{case} local dU: (error, two-launch error) over the bounds: {bad} (all: {local})"
+    and every worst row within ROW_TOL or no more than 1.1x the two-launch path's (the paths
+    differ in dU_local's rounding only)."""
+    local, split = ({"state_bwd": {"local_du": on, "min_heads": 1, "max_K": 256}} for on in (True, False))
+    errors = variant_errors(case, local)
+    bad = over_bounds_against(case, errors, variant_errors(case, split))
+    assert not bad, f"{case} local dU: (error, two-launch error) over the bounds: {bad} (all: {errors})"
 
 
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
 def test_dqkw_over_the_whole_v(case):
     """The dq/dk/dW kernel over one 128-column V-block (dqkw BV 128; DeltaLaunch's default is
-    64): every output and gradient against fp64 within TOL, and every worst row within ROW_TOL
-    or no more than 1.1x the default's (test_matches_fp64_chunked holds those; the two differ
-    in the order of the sums over V only)."""
-    from kernels.common.launch import launch_settings
-
-    over = {"dqkw": {"BV": 128}}
-    with launch_settings(delta_rule=over, gated_delta_rule=over):
-        wide = errors_of.__wrapped__(case)  # not the cached figures of the default
-    default = errors_of(case)
-    dtype = CASES[case][6]
-    bad = {n: (e, default[n]) for n, e in wide.items()
-           if not (e < ROW_TOL[dtype] or e <= 1.1 * default[n] if n.endswith("(worst row)") else e < TOL[dtype])}
-    assert not bad, f"{case} dqkw BV 128: (error, default's error) over the bounds: {bad} (all: {wide})"
+    64) against the default, each against fp64 (over_bounds_against; the two differ in the
+    order of the sums over V only)."""
+    errors = variant_errors(case, {"dqkw": {"BV": 128}})
+    bad = over_bounds_against(case, errors, errors_of(case))
+    assert not bad, f"{case} dqkw BV 128: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
@@ -165,19 +167,11 @@ def test_backward_readback(case):
     """The backward's transposed [BT, BT] tiles loaded back from scratch copies: dM^T in the WY
     backward (WyBwdLaunch.dm_readback) and (dP ⊙ Gamma)^T in dqkw (DqkwLaunch.dp_readback;
     both off by default; on a GPU each program's tile is written and read across its threads,
-    which the interpreter cannot show): every output and gradient against fp64 within TOL, and
-    every worst row within ROW_TOL or no more than 1.1x the default's (the two differ in how
-    those tiles are rounded only)."""
-    from kernels.common.launch import launch_settings
-
-    over = {"wy_bwd": {"dm_readback": True}, "dqkw": {"dp_readback": True}}
-    with launch_settings(delta_rule=over, gated_delta_rule=over):
-        readback = errors_of.__wrapped__(case)  # not the cached figures of the default
-    default = errors_of(case)
-    dtype = CASES[case][6]
-    bad = {n: (e, default[n]) for n, e in readback.items()
-           if not (e < ROW_TOL[dtype] or e <= 1.1 * default[n] if n.endswith("(worst row)") else e < TOL[dtype])}
-    assert not bad, f"{case} read-back tiles: (error, default's error) over the bounds: {bad} (all: {readback})"
+    which the interpreter cannot show), against the default, each against fp64
+    (over_bounds_against; the two differ in how those tiles are rounded only)."""
+    errors = variant_errors(case, {"wy_bwd": {"dm_readback": True}, "dqkw": {"dp_readback": True}})
+    bad = over_bounds_against(case, errors, errors_of(case))
+    assert not bad, f"{case} read-back tiles: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 
 # the no-gradient forward's forms: its state pass with the output fused, at the defaults (at
