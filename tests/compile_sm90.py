@@ -213,8 +213,8 @@ def run_ops() -> None:
          ["delta_rule", "gated_delta_rule"]),
         ("dU_local in its own launch", {op: {"state_bwd": {"local_du": False}} for op in ("delta_rule", "gated_delta_rule")},
          ["delta_rule", "gated_delta_rule"]),
-        ("the WY backward and dqkw reading their transposed tiles back",
-         {op: {"wy_bwd": {"dm_readback": True}, "dqkw": {"dp_readback": True}} for op in ("delta_rule", "gated_delta_rule")},
+        ("the WY backward forming dM^T from transposed products",
+         {op: {"wy_bwd": {"dm_readback": False}} for op in ("delta_rule", "gated_delta_rule")},
          ["delta_rule", "gated_delta_rule"]),
         ("dU_local in the backward state pass at K = 128",
          {"gated_delta_rule": {"state_bwd": {"local_du": True, "min_heads": 1, "max_K": 256}}}, ["gated_delta_rule"]),
@@ -223,16 +223,16 @@ def run_ops() -> None:
         ("gradients over 32 key columns", {"mesa": {"grads": {"BC": 32}}}, ["mesa", "mesa with a state"]),
         ("mesa state passes 128 x 32, 8 warps, 3 stages",
          {"mesa": {"states": {"max_BK": 128, "max_BD": 32, "num_warps": 8, "num_stages": 3}}}, ["mesa"]),
+        ("the running-mean scans by tl.cumsum",
+         {"linearized_softmax_gdn": {"prep": {"fwd_by_dot": False, "bwd_by_dot": False}}}, ["linearized_softmax_gdn"]),
+        ("the backward state pass at three stages (DeltaNet's where its programs are few)",
+         {op: {"state_bwd": {"num_stages": 3}} for op in ("delta_rule", "gated_delta_rule")},
+         ["delta_rule", "gated_delta_rule"]),
         *[(f"sums on the tensor cores, {how}",
            {"linearized_softmax_gdn": {"mean_form": "dots", "train_fused_max_K": 128,
                                        "prep": {"fwd_by_dot": True, "bwd_by_dot": True}},
             "gated_delta_rule": {"fused_fwd": {"enabled": fused, "min_heads": 1}}},
            ["linearized_softmax_gdn", "linearized_softmax_gdn with a state"])
-          for how, fused in (("fused training pass", True), ("two kernels", False))],
-        *[(f"the running mean as v minus the centred value, {how}",
-           {"linearized_softmax_gdn": {"mean_form": "difference", "train_fused_max_K": 128},
-            "gated_delta_rule": {"fused_fwd": {"enabled": fused, "min_heads": 1}}},
-           ["linearized_softmax_gdn"])
           for how, fused in (("fused training pass", True), ("two kernels", False))],
     ]
     for label, over, names in options:
@@ -248,16 +248,12 @@ def run_ops() -> None:
     deep_infer = {"infer_fused": {"enabled": True, "min_heads": 1, "num_stages": 3}}
     delta_names = [n for n in calls if n.split(" ")[0] in ("delta_rule", "gated_delta_rule", "linearized_softmax_gdn")]
     dot_mean = {"linearized_softmax_gdn": {"mean_form": "dots"}}
-    difference_mean = {"linearized_softmax_gdn": {"mean_form": "difference"}}
     for label, over in (("fused", {"delta_rule": fused_infer, "gated_delta_rule": fused_infer}),
                         ("fused, three stages", {"delta_rule": deep_infer, "gated_delta_rule": deep_infer}),
                         ("two kernels", {}),
                         ("fused, lin_gdn's mean summed on the tensor cores",
                          {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **dot_mean}),
-                        ("two kernels, lin_gdn's mean summed on the tensor cores", dot_mean),
-                        ("fused, lin_gdn's mean as v minus the centred value",
-                         {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **difference_mean}),
-                        ("two kernels, lin_gdn's mean as v minus the centred value", difference_mean)):
+                        ("two kernels, lin_gdn's mean summed on the tensor cores", dot_mean)):
         with launch_settings(**over), torch.no_grad():
             for name in delta_names:
                 print(f"compile_sm90: {name} without a gradient, {label}", flush=True)

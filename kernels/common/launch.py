@@ -199,13 +199,22 @@ class WyFwdLaunch(TileLaunch):
 
 @dataclasses.dataclass(frozen=True)
 class StatePassLaunch(KernelLaunch):
-    """A delta-rule state pass (the whole K in registers, V in blocks of at most BV)."""
+    """A delta-rule state pass (the whole K in registers, V in blocks of at most BV).
+    few_program_stages (0: num_stages everywhere): pipeline stages where the grid's programs
+    fill at most few_program_waves waves of the GPU (one program per multiprocessor a wave):
+    each program then walks its chunks with its SM nearly to itself, and a deeper pipeline
+    hides the loads that other programs would hide otherwise."""
 
     BV: int = 64
+    few_program_stages: int = 0
+    few_program_waves: int = 2
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_pow2(self, "BV")
+        if self.few_program_stages < 0 or self.few_program_waves < 1:
+            raise ValueError(f"{type(self).__name__}.few_program_stages must be >= 0 (0: off) and few_program_waves "
+                             f">= 1, got {self.few_program_stages!r} and {self.few_program_waves!r}")
 
     def stages_for(self, BK: int, element_size: int, stages: int | None = None) -> int:
         """num_stages (or `stages`) of a pass whose K-block is BK wide over elements of
@@ -216,6 +225,14 @@ class StatePassLaunch(KernelLaunch):
         stages = self.num_stages if stages is None else stages
         row = BK * element_size
         return 1 if row >= 1024 else min(stages, 2) if row >= 512 else stages
+
+    def stages_at(self, BK: int, element_size: int, programs: int, multiprocessors: int | None) -> int:
+        """stages_for a grid of `programs` on a GPU of `multiprocessors` (None: not a GPU, where
+        stages do not apply): few_program_stages where the programs fill at most
+        few_program_waves waves, else num_stages."""
+        few = (self.few_program_stages and multiprocessors is not None
+               and programs <= self.few_program_waves * multiprocessors)
+        return self.stages_for(BK, element_size, self.few_program_stages if few else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,33 +257,17 @@ class StateBwdLaunch(StatePassLaunch):
 class FusedStateLaunch(StatePassLaunch):
     """The delta-rule forward state pass with the output fused, from min_heads = B * H on;
     max_state (0: no cap) caps the state block a program holds, K x BV entries, by narrowing
-    BV (down to 16); few_program_stages (0: num_stages everywhere) pipeline stages where the
-    grid's programs fill at most few_program_waves waves of the GPU (one program per
-    multiprocessor a wave): each program then walks its chunks with its SM nearly to itself,
-    and a deeper pipeline hides the loads that other programs would hide otherwise."""
+    BV (down to 16)."""
 
     enabled: bool = False
     min_heads: int = 64
     max_state: int = 0
-    few_program_stages: int = 0
-    few_program_waves: int = 2
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_state and (self.max_state < 256 or self.max_state & (self.max_state - 1)):
             raise ValueError(f"FusedStateLaunch.max_state must be 0 (no cap) or a power of two >= 256, "
                              f"got {self.max_state!r}")
-        if self.few_program_stages < 0 or self.few_program_waves < 1:
-            raise ValueError(f"FusedStateLaunch.few_program_stages must be >= 0 (0: off) and few_program_waves "
-                             f">= 1, got {self.few_program_stages!r} and {self.few_program_waves!r}")
-
-    def stages_at(self, BK: int, element_size: int, programs: int, multiprocessors: int | None) -> int:
-        """stages_for a grid of `programs` on a GPU of `multiprocessors` (None: not a GPU, where
-        stages do not apply): few_program_stages where the programs fill at most
-        few_program_waves waves, else num_stages."""
-        few = (self.few_program_stages and multiprocessors is not None
-               and programs <= self.few_program_waves * multiprocessors)
-        return self.stages_for(BK, element_size, self.few_program_stages if few else None)
 
     def block_v(self, K: int) -> int:
         """The V-block cap at head dim K (a power of two)."""
@@ -305,25 +306,16 @@ class NarrowVLaunch(TileLaunch):
 
 
 @dataclasses.dataclass(frozen=True)
-class DqkwLaunch(TileLaunch):
-    """The delta rules' dq/dk/dW kernel (kernels/gated_delta_rule/triton_bwd_grad.py).
-    dp_readback: (dP ⊙ Gamma)^T loaded back transposed from a copy of dP ⊙ Gamma in global
-    memory (a [BT, BT] tile in the input dtype a program, in a scratch buffer) instead of
-    formed again as U dO^T from transposed tiles: one [BT, V] x [V, BT] product of each
-    program's intra-chunk part goes."""
-
-    dp_readback: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
 class WyBwdLaunch(NarrowVLaunch):
     """The delta rules' WY backward (kernels/gated_delta_rule/triton_wy_bwd.py). dm_readback:
     dM^T read back transposed from a per-chunk copy of dM in global memory (a [BT, BT] tile in
     the input dtype a chunk, in a scratch buffer) instead of formed again as -Tm dTm^T Tm from
     transposed products of k, dW, v and dU: a quarter of the kernel's products and its second
-    pass over K and V go (a product is never transposed in registers: solve.py says why)."""
+    pass over K and V go (a product is never transposed in registers: solve.py says why). The
+    same for dqkw's (dP ⊙ Gamma)^T was slower (1,422 -> 1,527 us at 2k, K = 128, one H100,
+    record 20261207T024336) and is not built."""
 
-    dm_readback: bool = False
+    dm_readback: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,8 +356,12 @@ class DeltaLaunch:
     # (DEFAULTS) takes it at K = 64 only: there 1,028 / 1,382 / 1,747 -> 582 / 750 / 1,201,
     # at K = 128 1,577 / 1,476 / 2,049 -> 1,504 / 1,971 / 1,941
     state_bwd: StateBwdLaunch = StateBwdLaunch(BV=64, num_warps=4, num_stages=2, local_du=True, min_heads=1)
-    dqkw: DqkwLaunch = DqkwLaunch(BK=64, BV=64, num_warps=4, num_stages=2, dp_readback=False)
-    wy_bwd: WyBwdLaunch = WyBwdLaunch(BK=64, BV=64, num_warps=4, num_stages=1, narrow_num_warps=2, dm_readback=False)
+    dqkw: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
+    # dM^T read back from a scratch copy: wy_bwd 1,138 / 1,156 / 1,184 -> 1,072 / 1,095 / 1,134
+    # us (DeltaNet) and 1,245 / 1,327 / 1,390 -> 1,134 / 1,197 / 1,297 (GDN) at T = 2k / 8k / 32k,
+    # K = 128; GDN at K = 64 1,557 / 1,694 / 1,926 -> 1,270 / 1,291 / 1,512 (one H100, records
+    # 20261207T024308-T024402)
+    wy_bwd: WyBwdLaunch = WyBwdLaunch(BK=64, BV=64, num_warps=4, num_stages=1, narrow_num_warps=2, dm_readback=True)
     seq: NarrowingLaunch = NarrowingLaunch(min_BV=32, min_waves=2)
 
 
@@ -503,7 +499,7 @@ class PrepLaunch(KernelLaunch):
         _check_pow2(self, "min_BD")
 
 
-MEAN_FORMS = ("scan", "dots", "difference")  # LinGdnLaunch.mean_form
+MEAN_FORMS = ("scan", "dots")  # LinGdnLaunch.mean_form
 
 
 @dataclasses.dataclass(frozen=True)
@@ -514,7 +510,11 @@ class LinGdnLaunch:
     wherever gated_delta_rule's fused_fwd would fuse them, unless train_fused and the head
     dim is at most train_fused_max_K (fuses_training)."""
 
-    prep: PrepLaunch = PrepLaunch(max_BD=64, min_BD=16, tile_elems=4096, min_programs=512, num_warps=4, num_stages=3)
+    # The scans' in-tile sums on the tensor cores (fwd_by_dot, bwd_by_dot): running_mean_fwd
+    # 522 / 548 / 869 -> 430 / 512 / 842 us and running_mean_bwd 1,061 / 1,126 / 1,189 -> 632 /
+    # 641 / 1,030 at T = 2k / 8k / 32k, K = 128 (one H100, records 20261207T024458, T024423)
+    prep: PrepLaunch = PrepLaunch(max_BD=64, min_BD=16, tile_elems=4096, min_programs=512, num_warps=4, num_stages=3,
+                                  fwd_by_dot=True, bwd_by_dot=True)
     # The training pass with the output and the running mean fused took 2,047 us at 2k, K =
     # 128 (GDN's without the mean 1,199); unfused, the state pass and the output take 566 +
     # 748, and lin_gdn's forward+backward 8.41 -> 7.60 ms there, but at K = 64 (2k) 6.54 ->
@@ -524,10 +524,11 @@ class LinGdnLaunch:
     train_fused_max_K: int = 64
     # How the output forms the running mean of v it adds (MEAN_FORMS): "scan", in-chunk sums by
     # tl.cumsum, a scan inside the state pass's sequential loop; "dots", those sums of 16-bit v
-    # as a product with triangular ones (kernels/common/triton/prefix.py); "difference", v_t
-    # minus the centred value the delta rule takes (v_t - vbar_t, stored by the scans), two
-    # tiles loaded and no sums. Scan until tests/gpu/test_lin_gdn_gpu.py and
-    # configs/kernels-launch-lin-gdn.yaml have run the others
+    # as a product with triangular ones (kernels/common/triton/prefix.py). One H100, T = 2k /
+    # 8k / 32k (records 20261207T024423, T024458): the output kernel 761 / 768 / 780 -> 701 /
+    # 715 / 740 us at K = 128, the no-gradient fused pass 750 / 1,052 / 1,499 -> 592 / 810 /
+    # 1,056 at K = 64, but at K = 128 1,187 / 1,174 / 1,738 -> 1,483 / 1,478 / 1,195: scan
+    # until a rule picks the form per pass
     mean_form: str = "scan"
 
     def __post_init__(self) -> None:
@@ -546,9 +547,16 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "gated_linear_attention": ChunkLaunch(),
     # DeltaNet's dq/dk/dW kernel over the whole V at once (dqkw BV 128) took K = 128, T = 2k /
     # 8k / 32k from 1,481-1,500 to 1,375 / 1,380 / 1,382 us, K = 64 unchanged (one H100,
-    # records 20261206T194651, T224005; one stage instead of two: 1,539, T223933): the
-    # default once tests/gpu/test_delta_gpu.py has run it
-    "delta_rule": DeltaLaunch(),
+    # records 20261206T194651, T224005; one stage instead of two: 1,539, T223933; GPU-tested
+    # 2026-12-07)
+    "delta_rule": DeltaLaunch(
+        dqkw=dataclasses.replace(DeltaLaunch.dqkw, BV=128),
+        # three stages where the backward state pass runs at most one wave of programs: at 32k
+        # (128 programs) 1,395 -> 987 us at K = 128 and 1,019 -> 660 at K = 64; three
+        # everywhere were slower at 8k, K = 128 (256 programs: 855 -> 989; one H100, records
+        # 20261207T024308, T024410)
+        state_bwd=dataclasses.replace(DeltaLaunch.state_bwd, few_program_stages=3, few_program_waves=1),
+    ),
     # GDN forms dU_local in its backward state pass at K <= 64 only (DeltaLaunch.state_bwd says why)
     "gated_delta_rule": DeltaLaunch(state_bwd=dataclasses.replace(DeltaLaunch.state_bwd, max_K=64)),
     "mesa": MesaLaunch(),

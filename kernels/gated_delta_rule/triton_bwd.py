@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.triton import utils
 from kernels.common.triton.gates import anticausal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
@@ -158,6 +159,7 @@ def state_bwd(
         dh0 if dh0 is not None else q, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_DHT=dht is not None,
         STORE_DH0=need_dh0, LOCAL_DU=local, PREC=dot_precision(q.dtype, cfg.fp32_dots),
-        num_warps=warps(cfg.num_warps), num_stages=cfg.stages_for(full_block(K), q.element_size()),
+        num_warps=warps(cfg.num_warps),
+        num_stages=cfg.stages_at(full_block(K), q.element_size(), triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev)),
     )
     return du, dh, dh0

@@ -19,9 +19,7 @@ strictly below the diagonal, d gamma_i = q'_i . dq'_i(state) + rowsum(Pp)_i - co
 and apart from it the share of dg that rows before l give, 2^{gamma_C} <S, dS'> +
 sum_{j < l} k_j . dk_j(state), which wy_bwd adds after its reverse cumsum.
 (dP ⊙ Gamma)^T is computed as (U dO^T ⊙ Gamma^T), from loaded tiles, rather than by
-transposing a product (kernels/common/triton/solve.py says why); or, with
-DqkwLaunch.dp_readback, dP ⊙ Gamma is stored to a scratch tile of its program and loaded back
-transposed (a CTA barrier between), one [BT, V] x [V, BT] product fewer a program.
+transposing a product (kernels/common/triton/solve.py says why).
 
 grid (K-blocks, chunks, heads); each program loops twice over the V-blocks, once for dP and
 once for the state products (first when gated, so that the gate's row factors scale their sums
@@ -44,51 +42,39 @@ from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
 @triton.jit
-def _intra_chunk(do, u, p_dp, seq, t0, T, H, b_q, b_k, b_g, scale,
-                 V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr,
-                 READBACK: tl.constexpr):
+def _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale,
+                 V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr):
     """The intra-chunk parts of dq' and dk from dP = dO U^T and its transpose (each from
-    loaded tiles, one loop over V; or with READBACK, dP ⊙ Gamma stored to the scratch tile at
-    p_dp, [BT, BT] in the inputs' dtype, and loaded back transposed): (dq' part, dk part,
-    dP ⊙ Gamma)."""
+    loaded tiles, one loop over V): (dq' part, dk part, dP ⊙ Gamma)."""
     dt = b_k.dtype
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)
     b_dpt = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         v0 = i_v * BV
         b_do = load_tile(do + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_dot = load_tile_t(do + seq * V, t0, v0, T, V, H * V, BT, BV)
         b_ut = load_tile_t(u + seq * V, t0, v0, T, V, H * V, BT, BV)
         b_dp += tl.dot(b_do, b_ut, input_precision=PREC)
-        if not READBACK:
-            b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
-            b_dot = load_tile_t(do + seq * V, t0, v0, T, V, H * V, BT, BV)
-            b_dpt += tl.dot(b_u, b_dot, input_precision=PREC)
+        b_dpt += tl.dot(b_u, b_dot, input_precision=PREC)
     b_dpg = causal_decay(b_dp, b_g, b_g, True, USE_G)
     b_dq = tl.dot(b_dpg.to(dt), b_k, input_precision=PREC)
-    if READBACK:
-        store_tile(p_dp, b_dpg, 0, 0, BT, BT, BT, BT, BT)
-        tl.debug_barrier()  # every thread's part of the tile is written before any reads it
-        b_dpgt = load_tile_t(p_dp, 0, 0, BT, BT, BT, BT, BT)
-    else:
-        b_dpgt = anticausal_decay(b_dpt, b_g, b_g, True, USE_G).to(dt)
-    b_dk = tl.dot(b_dpgt, b_q, input_precision=PREC) * scale
+    b_dk = tl.dot(anticausal_decay(b_dpt, b_g, b_g, True, USE_G).to(dt), b_q, input_precision=PREC) * scale
     return b_dq, b_dk, b_dpg
 
 
 @triton.jit(do_not_specialize=["T", "NT", "BTH"])
 def dqkw_kernel(
-    q, k, u, h, dh, do, du, gam, dq, dk, dw, dgam, dp_scratch, scale, T, NT, BTH, H,
+    q, k, u, h, dh, do, du, gam, dq, dk, dw, dgam, scale, T, NT, BTH, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr, DP_READBACK: tl.constexpr,
+    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr,
 ):
-    """dp_scratch: [B * H, NT, NK, BT, BT] in q's dtype with DP_READBACK (else unused)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
     t0, k0 = i_t * BT, i_k * BK
     p_h = h + (i_bh * NT + i_t).to(tl.int64) * K * V
     p_dh = dh + (i_bh * NT + i_t).to(tl.int64) * K * V
-    p_dp = dp_scratch + ((i_bh * NT + i_t) * tl.num_programs(0) + i_k).to(tl.int64) * BT * BT
     b_g = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         last = tl.minimum(t0 + BT, T) - 1
@@ -103,8 +89,7 @@ def dqkw_kernel(
         b_dq = tl.zeros([BT, BK], dtype=tl.float32)
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     else:
-        b_dq, b_dk, b_dpg = _intra_chunk(do, u, p_dp, seq, t0, T, H, b_q, b_k, b_g, scale, V, BT, BV, USE_G, PREC,
-                                         DP_READBACK)
+        b_dq, b_dk, b_dpg = _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale, V, BT, BV, USE_G, PREC)
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
@@ -128,8 +113,8 @@ def dqkw_kernel(
         if NEED_DG:  # the state parts' shares of d gamma, before the intra-chunk parts join them
             b_qdqs = tl.sum(b_q.to(tl.float32) * b_dq, axis=1)
             b_kdks = tl.sum(b_k.to(tl.float32) * b_dk, axis=1)
-        b_dq_intra, b_dk_intra, b_dpg = _intra_chunk(do, u, p_dp, seq, t0, T, H, b_q, b_k, b_g, scale, V, BT, BV,
-                                                     USE_G, PREC, DP_READBACK)
+        b_dq_intra, b_dk_intra, b_dpg = _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale, V, BT, BV,
+                                                     USE_G, PREC)
         b_dq += b_dq_intra
         b_dk += b_dk_intra
         if NEED_DG:
@@ -170,13 +155,10 @@ def dqkw(
     # rows [0, NK): each K-block's d gamma per token; [NK, 2 NK): its share of dg from earlier rows
     need_dg = need_dg and gam is not None
     dgam = new_buffer((2 * NK, B, T, H), torch.float32, dev) if need_dg else None
-    # a scratch tile a program, written and read by that program only
-    dp_scratch = new_buffer((B * H, NT, NK, BT, BT), q.dtype, dev) if cfg.dp_readback else q
     dqkw_kernel[(NK, NT, B * H)](
         q, k, u, h, dh, do, du, gam if gam is not None else q, dq, dk, dw,
-        dgam if dgam is not None else q, dp_scratch, scale, T, NT, B * T * H,
+        dgam if dgam is not None else q, scale, T, NT, B * T * H,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg.BV), USE_G=gam is not None,
-        NEED_DG=need_dg, PREC=dot_precision(q.dtype, cfg.fp32_dots), DP_READBACK=cfg.dp_readback,
-        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        NEED_DG=need_dg, PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dq, dk, dw, dgam

@@ -7,8 +7,7 @@
   output_fwd  grid (V-blocks, chunks, heads), in parallel:
                   O = diag(2^gamma) Q S_n + (Q K^T ⊙ Gamma) U,  Gamma lower, diagonal included,
               plus, for the linearized softmax GDN, the running mean of its v (RunningMean),
-              formed from v and the sums entering each chunk, or as v minus the centred v
-              the delta rule takes, rather than read whole in fp32.
+              formed from v and the sums entering each chunk rather than read whole in fp32.
   state_fwd with the output fused (DeltaLaunch.fused_fwd): the state pass also writes O for
               each chunk as it goes, from S_n and U rounded to the stored dtype exactly as
               output_fwd reads them back (same results), saving output_fwd's reads of h, q,
@@ -36,63 +35,45 @@ from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t,
 from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
-MEAN_SCAN, MEAN_DOTS, MEAN_DIFFERENCE = 0, 1, 2  # the kernels' MEAN_FORM (RunningMean.kernel_form)
-
 
 @dataclass(frozen=True)
 class RunningMean:
     """A running mean the output adds: at 0-based token i of a sequence,
     (enter[n] + x_{64 n} + ... + x_i) / (count + i + 1), n = i // 64. x: [B, T, H, V]
     contiguous; enter: [B, H, cdiv(T, 64), V] fp32, the sums entering each chunk (the
-    linearized softmax GDN's v and v_sum0 + the earlier tokens' v), or None with form
-    "difference"; count: tokens before T. form (LinGdnLaunch.mean_form): the in-chunk sums
-    by tl.cumsum ("scan") or, for a 16-bit x, as a product with triangular ones ("dots",
-    prefix.py); or no sums ("difference"): the mean is x minus `centred` ([B, T, H, V] in x's
-    dtype, x_t minus the mean, as the running-mean scan stores it), exact up to centred's
-    rounding."""
+    linearized softmax GDN's v and v_sum0 + the earlier tokens' v); count: tokens before T.
+    form (LinGdnLaunch.mean_form): the in-chunk sums by tl.cumsum ("scan") or, for a 16-bit
+    x, as a product with triangular ones ("dots", prefix.py)."""
 
     x: torch.Tensor
-    enter: torch.Tensor | None
+    enter: torch.Tensor
     count: int
     form: str = "scan"
-    centred: torch.Tensor | None = None
 
-    def __post_init__(self) -> None:
-        if self.form == "difference" and self.centred is None:
-            raise ValueError("RunningMean: form 'difference' needs the centred tensor (x minus its running mean)")
-        if self.form != "difference" and self.enter is None:
-            raise ValueError(f"RunningMean: form {self.form!r} needs the sums entering each chunk (enter)")
-
-    def kernel_form(self) -> int:
-        """The kernels' MEAN_FORM: MEAN_DIFFERENCE, MEAN_DOTS for "dots" on a 16-bit x (an
-        fp32 x keeps tl.cumsum: its fp32 output wants every bit), else MEAN_SCAN."""
-        if self.form == "difference":
-            return MEAN_DIFFERENCE
-        return MEAN_DOTS if self.form == "dots" and self.x.element_size() == 2 else MEAN_SCAN
+    def sums_by_dot(self) -> bool:
+        """Whether the output kernels take the in-chunk sums on the tensor cores: form "dots"
+        and a 16-bit x (an fp32 x keeps tl.cumsum: its fp32 output wants every bit)."""
+        return self.form == "dots" and self.x.element_size() == 2
 
 
 @triton.jit
-def _running_mean_rows(mv, menter, mc, seq, i_bh, i_t, t0, v0, T, NT, H, count,
-                       V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, FORM: tl.constexpr):
-    """[BT, BV] fp32: the running mean of RunningMean (x = mv, enter = menter, centred = mc)
-    on the rows of chunk i_t, columns v0 .. v0 + BV, in the kernel_form FORM."""
+def _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count,
+                       V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BY_DOT: tl.constexpr):
+    """[BT, BV] fp32: the running mean of RunningMean (x = mv, enter = menter) on the rows of
+    chunk i_t, columns v0 .. v0 + BV; its in-chunk sums by row_prefix_sums(BY_DOT)."""
     b_x = load_tile(mv + seq * V, t0, v0, T, V, H * V, BT, BV)
-    if FORM == 2:  # MEAN_DIFFERENCE
-        b_mean = b_x.to(tl.float32) - load_tile(mc + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
-    else:  # MEAN_SCAN (0) or MEAN_DOTS (1)
-        o_v = v0 + tl.arange(0, BV)
-        b_enter = tl.load(menter + (i_bh * NT + i_t).to(tl.int64) * V + o_v, mask=o_v < V, other=0.0)
-        b_inv_t = 1.0 / (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
-        b_mean = (row_prefix_sums(b_x, BT, FORM == 1) + b_enter[None, :]) * b_inv_t[:, None]
-    return b_mean
+    o_v = v0 + tl.arange(0, BV)
+    b_enter = tl.load(menter + (i_bh * NT + i_t).to(tl.int64) * V + o_v, mask=o_v < V, other=0.0)
+    b_inv_t = 1.0 / (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
+    return (row_prefix_sums(b_x, BT, BY_DOT) + b_enter[None, :]) * b_inv_t[:, None]
 
 
 @triton.jit(do_not_specialize=["T", "NT", "count"])
 def state_fwd_kernel(
-    k, w, u0, u, gam, h, h0, ht, q, o, mv, menter, mc, scale, T, NT, H, count,
+    k, w, u0, u, gam, h, h0, ht, q, o, mv, menter, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
-    FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_FORM: tl.constexpr,
+    FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -123,7 +104,7 @@ def state_fwd_kernel(
             b_a = causal_decay(tl.dot(b_q, b_kt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
             b_o = b_o * scale + tl.dot(b_a.to(dt), b_u.to(u.dtype.element_ty).to(dt), input_precision=PREC)
             if HAS_MEAN:
-                b_o += _running_mean_rows(mv, menter, mc, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV, MEAN_FORM)
+                b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV, MEAN_DOT)
             store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
         if USE_G:
             last = tl.minimum(t0 + BT, T) - 1
@@ -138,9 +119,9 @@ def state_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T", "NT", "count"])
 def output_fwd_kernel(
-    q, k, u, h, gam, mv, menter, mc, o, scale, T, NT, H, count,
+    q, k, u, h, gam, mv, menter, o, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_FORM: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr, PREC: tl.constexpr,
 ):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -163,24 +144,19 @@ def output_fwd_kernel(
     b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
     if HAS_MEAN:  # the running mean of mv, added before the one rounding to o's dtype
-        b_o += _running_mean_rows(mv, menter, mc, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV, MEAN_FORM)
+        b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV, MEAN_DOT)
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
 def _mean_args(mean: RunningMean | None, NT: int, chunk_size: int, where: str, stand_in: torch.Tensor):
-    """The kernels' (mv, menter, mc, count, MEAN_FORM) of `mean`, checked against NT chunks of
-    chunk_size; stand-in tensors (never read) for what it lacks, and without one count 0."""
+    """The kernels' (mv, menter, count, MEAN_DOT) of `mean`, checked against NT chunks of
+    chunk_size; without one, a stand-in tensor (never read), count 0 and no dots."""
     if mean is None:
-        return stand_in, stand_in, stand_in, 0, MEAN_SCAN
-    if mean.enter is not None and mean.enter.shape[2] != NT:
+        return stand_in, stand_in, 0, False
+    if mean.enter.shape[2] != NT:
         raise ValueError(f"{where}: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
                          f"the output {NT} of {chunk_size} tokens")
-    if mean.centred is not None and mean.centred.shape != mean.x.shape:
-        raise ValueError(f"{where}: the running mean's centred tensor is {tuple(mean.centred.shape)}, "
-                         f"its x {tuple(mean.x.shape)}")
-    enter = mean.enter if mean.enter is not None else stand_in
-    centred = mean.centred if mean.centred is not None else stand_in
-    return mean.x, enter, centred, mean.count, mean.kernel_form()
+    return mean.x, mean.enter, mean.count, mean.sums_by_dot()
 
 
 def _fused_settings(launch, inference: bool):
@@ -215,7 +191,7 @@ def state_fwd(
     B, T, H, K = k.shape
     V = u0.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    mv, menter, mc, count, mean_form = _mean_args(mean, NT, chunk_size, "state_fwd", k)
+    mv, menter, count, mean_dot = _mean_args(mean, NT, chunk_size, "state_fwd", k)
     dev, dt = k.device, k.dtype
     h = new_buffer((B, H, NT, K, V), dt, dev) if store_states else None
     u = new_buffer((B, T, H, V), dt, dev) if store_states else None
@@ -225,17 +201,14 @@ def state_fwd(
     cfg = launch.state_fwd if q is None else _fused_settings(launch, inference=not store_states)
     cap = cfg.BV if q is None else cfg.block_v(full_block(K))
     BV = sequential_block_v(V, cap, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
-    if q is None:
-        stages = cfg.stages_for(full_block(K), k.element_size())
-    else:
-        stages = cfg.stages_at(full_block(K), k.element_size(), triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev))
+    stages = cfg.stages_at(full_block(K), k.element_size(), triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev))
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
         h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,
-        o if o is not None else u0, mv, menter, mc, scale, T, NT, H, count,
+        o if o is not None else u0, mv, menter, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        STORE_STATES=store_states, HAS_MEAN=mean is not None, MEAN_FORM=mean_form, num_warps=warps(cfg.num_warps),
+        STORE_STATES=store_states, HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, num_warps=warps(cfg.num_warps),
         num_stages=stages,
     )
     return h, u, ht, o
@@ -254,11 +227,11 @@ def output_fwd(
     o = new_buffer((B, T, H, V), q.dtype, q.device)
     cfg = delta_launch(gam is not None).output_fwd
     BV = block_size(V, cfg.BV)
-    mv, menter, mc, count, mean_form = _mean_args(mean, NT, chunk_size, "output_fwd", q)
+    mv, menter, count, mean_dot = _mean_args(mean, NT, chunk_size, "output_fwd", q)
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
-        q, k, u, h, gam if gam is not None else q, mv, menter, mc, o, scale, T, NT, H, count,
+        q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        HAS_MEAN=mean is not None, MEAN_FORM=mean_form,
+        HAS_MEAN=mean is not None, MEAN_DOT=mean_dot,
         PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
         num_stages=cfg.num_stages,
     )

@@ -15,11 +15,10 @@ Every division is by t or by max(t - 1, 1), so no value or gradient is ever inf 
 fp16/bf16/fp32 inputs: one pair of custom ops, lin_gdn_fwd / lin_gdn_bwd (so that
 torch.compile traces the Triton path as opaque nodes), holds the whole op. The forward runs
 the running-mean scans (keys, values, and the sums of v entering each 64-token chunk) and the
-gated delta rule's forward, whose output kernel adds vbar_t formed from v and those sums (or
-as v_t minus the value, LinGdnLaunch.mean_form): the running mean is never stored whole. The
-backward runs the delta rule's backward (no gate or beta gradient: they come from positions)
-and the scans' adjoint, which reads o's cotangent in its own dtype as vbar's. With no
-gradient wanted, lin_gdn_infer stores nothing for a backward.
+gated delta rule's forward, whose output kernel adds vbar_t formed from v and those sums: the
+running mean is never stored whole. The backward runs the delta rule's backward (no gate or
+beta gradient: they come from positions) and the scans' adjoint, which reads o's cotangent in
+its own dtype as vbar's. With no gradient wanted, lin_gdn_infer stores nothing for a backward.
 fp64 inputs: the same formulas in torch (running_mean_torch), fp64 sums, key/value in fp32
 for the kernels, whose widest type is fp32, and vbar added after them in fp64.
 """
@@ -62,11 +61,8 @@ def positional_gates(count: int, B: int, T: int, H: int, device: torch.device) -
 def _prepare(k: Tensor, v: Tensor, k_sum0: Tensor | None, v_sum0: Tensor | None, count: int, cfg: LinGdnLaunch):
     """The running-mean scans (triton_prep.py) under cfg.prep: (key and value, the delta
     rule's k and v; the RunningMean its output adds; k_sum_T, v_sum_T)."""
-    difference = cfg.mean_form == "difference"
-    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, count, cfg.prep, v_enter=not difference)
-    # value = v_t - vbar_t, so vbar is v - value in the "difference" form
-    mean = RunningMean(v, v_enter, count, cfg.mean_form, centred=value if difference else None)
-    return key, value, mean, k_sum, v_sum
+    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, count, cfg.prep)
+    return key, value, RunningMean(v, v_enter, count, cfg.mean_form), k_sum, v_sum
 
 
 def _training_delta_settings(cfg: LinGdnLaunch, K: int) -> AbstractContextManager:

@@ -16,13 +16,12 @@ feature block) walks T in chunks of BT rows, prefix sums inside the chunk (tl.cu
 of the sum so far, and writes key and value whole (centring them inside the delta rule's WY
 kernel instead is slower: docs/design.md §7). The running mean of v, which the output adds,
 is not stored: the scan of v stores the sum entering each 64-token chunk, and the delta
-rule's output kernel forms v_bar from it and v (or, with LinGdnLaunch.mean_form
-"difference", as v minus the stored value, with no sums).
+rule's output kernel forms v_bar from it and v.
 Backward (`running_mean_bwd`): the adjoint is the reverse scan. With c_t = x_t - S_t/t and
 m_t = S_t/t, the cotangent of S_t is r_t = (dm_t - dc_t) / t (+ dS_T at t = T), so
     dx_j = dc_j + sum_{t >= j} r_t,      ds0 = sum_t r_t + dS_T,
 walked from the last chunk to the first with an fp32 carry (the in-tile sums by tl.cumsum, or
-on the tensor cores in two bf16 parts under PrepLaunch.bwd_by_dot, for a 16-bit dx).
+on the tensor cores in two bf16 parts under PrepLaunch.bwd_by_dot, for a 16-bit dx on a GPU).
 
 All sums, means and carries are fp32, key/value in the kernel dtype (fp16, bf16, fp32). fp64
 inputs use `running_mean_torch` (same formulas in torch, fp64 throughout; the Triton kernels
@@ -36,6 +35,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.launch import PrepLaunch, settings
+from kernels.common.triton import utils
 from kernels.common.triton.prefix import row_prefix_sums
 from kernels.common.triton.tiles import load_tile, store_tile
 from kernels.common.triton.utils import new_buffer, warps
@@ -177,7 +177,8 @@ def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has
     d_mean = d_mean.contiguous() if d_mean is not None else None
     ds_final = ds_final.float().contiguous() if ds_final is not None else None
     cfg = cfg or prep_launch()
-    by_dot = cfg.bwd_by_dot and dx.element_size() == 2  # an fp32 dx keeps the scan
+    # an fp32 dx keeps the scan, and so does the interpreter, which cannot multiply the bf16 parts
+    by_dot = cfg.bwd_by_dot and dx.element_size() == 2 and utils.bf16_products(dx.device)
     bt, bd = launch_blocks(B * H, D, T, cfg, by_dot)
     running_mean_bwd_kernel[(triton.cdiv(D, bd), B * H)](
         d_centred, d_mean, ds_final, dx, ds0, count, T, H=H, D=D, BT=bt, BD=bd,
@@ -189,15 +190,15 @@ def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has
 
 
 def prep_fwd(k: torch.Tensor, v: torch.Tensor, k_sum0: torch.Tensor | None, v_sum0: torch.Tensor | None,
-             count: int, cfg: PrepLaunch, v_enter: bool = True):
+             count: int, cfg: PrepLaunch):
     """The running-mean scans: (k, v, k_sum0, v_sum0) -> (key, value, v_enter, k_sum_T,
     v_sum_T) of the module docstring. k: [B, T, H, K], v: [B, T, H, V] in fp16/bf16/fp32;
     k_sum0 [B, H, K] and v_sum0 [B, H, V] fp32, both None for an empty state (count = 0).
     key, value come in k's dtype, the sums in fp32: v_enter [B, H, cdiv(T, 64), V] the sums
     of v entering each 64-token chunk, from which the delta rule's output kernel adds the
-    running mean of v to o (None unless v_enter: the output then takes it as v - value)."""
+    running mean of v to o."""
     key, _, k_sum = running_mean_fwd(k, k_sum0, count, store_enter=False, cfg=cfg)
-    value, v_enter, v_sum = running_mean_fwd(v, v_sum0, count, store_enter=v_enter, cfg=cfg)
+    value, v_enter, v_sum = running_mean_fwd(v, v_sum0, count, store_enter=True, cfg=cfg)
     return key, value, v_enter, k_sum, v_sum
 
 

@@ -54,6 +54,13 @@ def multiprocessors(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
 
 
+def bf16_products(device: torch.device) -> bool:
+    """Whether tl.dot multiplies bf16 tiles as bf16 on `device`: on a GPU; not on the CPU
+    interpreter, which multiplies their uint16 storage (numpy has no bf16). Kernels that split
+    fp32 tiles into bf16 parts for the tensor cores take their fp32 path where this is false."""
+    return device.type != "cpu"
+
+
 def sequential_block_v(
     V: int, cap: int, min_bv: int, min_waves: int, programs_per_block: int, device: torch.device
 ) -> int:

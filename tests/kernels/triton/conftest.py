@@ -71,11 +71,14 @@ def bf16_dots(monkeypatch):
     only 8-bit floats), so a bf16 product is garbage there. This widens bf16 operands to fp32
     first (exact: bf16 is fp32's top half), which is what a GPU's bf16 product computes, each
     term exact and the sums in fp32. For kernels whose bf16 products are internal (the split
-    sums of kernels/common/triton/prefix.py); the ops still refuse bf16 inputs on the
-    interpreter (docs/design.md §9)."""
+    sums of kernels/common/triton/prefix.py, which the kernels take only where
+    kernels.common.triton.utils.bf16_products says so: true here); the ops still refuse bf16
+    inputs on the interpreter (docs/design.md §9)."""
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter
+
+    from kernels.common.triton import utils
 
     plain = interpreter.InterpreterBuilder.create_dot
 
@@ -88,6 +91,7 @@ def bf16_dots(monkeypatch):
         return plain(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    monkeypatch.setattr(utils, "bf16_products", lambda device: True)
 
 
 @pytest.fixture(autouse=True)

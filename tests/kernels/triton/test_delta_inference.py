@@ -93,14 +93,12 @@ def test_routed_by_gradient(monkeypatch):
     assert calls == ["delta_rule_fwd", "delta_rule_fwd"]
 
 
-@pytest.mark.parametrize("form", ["scan", "difference"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
-def test_lin_gdn_inference_equals_training_forward(launch, fused, form):
+def test_lin_gdn_inference_equals_training_forward(launch, fused):
     """The linearized softmax GDN's no-gradient forward (lin_gdn_infer), its running mean
-    added in the fused pass or in output_fwd, summed or as v minus the centred value
-    (LinGdnLaunch.mean_form): the training forward's output (two kernels: bit for bit;
-    fused: up to summation order) and final state."""
-    launch(gated_delta_rule=FUSED if fused else UNFUSED, linearized_softmax_gdn={"mean_form": form})
+    added in the fused pass or in output_fwd: the training forward's output (two kernels: bit
+    for bit; fused: up to summation order) and final state."""
+    launch(gated_delta_rule=FUSED if fused else UNFUSED)
     gen = torch.Generator().manual_seed(72)
     q, k = torch.randn(2, 2, 100, 2, 16, generator=gen)
     v = torch.randn(2, 100, 2, 16, generator=gen)

@@ -175,31 +175,23 @@ def test_local_du_equals_du_local_then_state_bwd(launch, gated):
         assert rel_err(ours.float(), split.float()) < 2e-3
 
 
-# the backward's read-back switches: (kernel, its launch field)
-READBACKS = {"wy_bwd": {"wy_bwd": {"dm_readback": True}},
-             "dqkw": {"dqkw": {"dp_readback": True}},
-             "dqkw_k_blocks": {"dqkw": {"dp_readback": True, "BK": 16}}}
-
-
-@pytest.mark.parametrize("readback", list(READBACKS))
+@pytest.mark.parametrize("readback", [True, False])
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
 @pytest.mark.parametrize("T, K, dtype", [(1, 16, torch.float32), (130, 32, torch.float32), (100, 64, torch.float16)])
-def test_readback_matches_reference(compare, launch, gated, T, K, dtype, readback):
-    """A transposed [BT, BT] tile of the backward read back from a scratch copy instead of
-    formed again from transposed products, forced on: dM^T in the WY backward
-    (WyBwdLaunch.dm_readback) and (dP ⊙ Gamma)^T in dqkw (DqkwLaunch.dp_readback, also over
-    16-column K-blocks, each program with its own scratch tile): every gradient against the
-    reference; a partial last chunk, several chunks, fp16 (the tile rounded to it as the
-    default path rounds it)."""
-    launch(**each(DELTA_OPS, READBACKS[readback]))
+def test_wy_bwd_readback_matches_reference(compare, launch, gated, T, K, dtype, readback):
+    """The WY backward with dM^T read back transposed from a scratch copy of dM (WyBwdLaunch.
+    dm_readback, the default) and formed again from transposed products: every gradient
+    against the reference; a partial last chunk, several chunks, fp16 (dM rounded to it as
+    the other path rounds its transpose)."""
+    launch(**each(DELTA_OPS, {"wy_bwd": {"dm_readback": readback}}))
     tensors, h0 = make_inputs(2, T, 2, K, 32, dtype, seed=70 + T, gated=gated)
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
 
 
-def test_wy_bwd_dm_readback_equals_default(launch, monkeypatch):
-    """dm_readback against the default on the same inputs, the kernel alone: dk, dv, dbeta and
-    dg agree up to the rounding of the two ways of forming dM^T (fp16 tiles), and the kernel
-    was launched each way."""
+def test_wy_bwd_readback_equals_transposed_products(launch, monkeypatch):
+    """dm_readback on and off on the same inputs, the kernel alone: dk, dv, dbeta and dg agree
+    up to the rounding of the two ways of forming dM^T (fp16 tiles), and the kernel was
+    launched each way."""
     from kernels.gated_delta_rule import triton_wy, triton_wy_bwd
     from tests.launch_util import LaunchSpy
 
@@ -213,44 +205,12 @@ def test_wy_bwd_dm_readback_equals_default(launch, monkeypatch):
     dw, dk_part = (torch.randn(k.shape, generator=gen).half() for _ in range(2))
     du = torch.randn(v.shape, generator=gen).half()
     dgam_part = torch.randn(2, *beta.shape, generator=gen)
-    default = triton_wy_bwd.wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, torch.float32)
+    launch(**each(DELTA_OPS, {"wy_bwd": {"dm_readback": False}}))
+    products = triton_wy_bwd.wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, torch.float32)
     launch(**each(DELTA_OPS, {"wy_bwd": {"dm_readback": True}}))
     readback = triton_wy_bwd.wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, torch.float32)
     assert flags == [False, True]
-    for name, a, b in zip(("dk", "dv", "dbeta", "dg"), readback, default):
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert rel_err(a.float(), b.float()) < 2e-3, name
-
-
-@pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
-def test_dqkw_dp_readback_equals_default(launch, monkeypatch, gated):
-    """dp_readback against the default on the same inputs, the kernel alone, over two K-blocks:
-    dq, dk, dW and the d gamma partials agree up to the rounding of the two ways of forming
-    (dP ⊙ Gamma)^T (fp16 tiles), and the kernel was launched each way."""
-    from kernels.gated_delta_rule import triton_bwd, triton_bwd_grad, triton_fwd, triton_wy
-    from tests.launch_util import LaunchSpy
-
-    flags = []
-    monkeypatch.setattr(triton_bwd_grad, "dqkw_kernel",
-                        LaunchSpy(triton_bwd_grad.dqkw_kernel, lambda kw: flags.append(kw["DP_READBACK"])))
-    tensors, h0 = make_inputs(2, 130, 1, 32, 32, torch.float16, seed=73, gated=gated)
-    q, k, v, beta = (tensors[n].contiguous() for n in ("q", "k", "v", "beta"))
-    g = tensors["g"].contiguous() if gated else None
-    gam, _, w, u0 = triton_wy.wy_fwd(k, v, beta, g)
-    h, u, _, _ = triton_fwd.state_fwd(k, w, u0, gam, h0, False)
-    gen = torch.Generator().manual_seed(74)
-    do = torch.randn(v.shape, generator=gen).half()
-    launch(**each(DELTA_OPS, {"state_bwd": {"local_du": True, "min_heads": 1, "max_K": 256}}))
-    du, dh, _ = triton_bwd.state_bwd(q, k, w, do, None, gam, None, 0.3, False)
-    launch(**each(DELTA_OPS, {"dqkw": {"BK": 16}}))
-    default = triton_bwd_grad.dqkw(q, k, u, h, dh, do, du, gam, 0.3)
-    launch(**each(DELTA_OPS, {"dqkw": {"BK": 16, "dp_readback": True}}))
-    readback = triton_bwd_grad.dqkw(q, k, u, h, dh, do, du, gam, 0.3)
-    assert flags == [False, True]
-    for name, a, b in zip(("dq", "dk", "dw", "dgam"), readback, default):
-        if b is None:
-            assert a is None and not gated, name
-            continue
+    for name, a, b in zip(("dk", "dv", "dbeta", "dg"), readback, products):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         assert rel_err(a.float(), b.float()) < 2e-3, name
 

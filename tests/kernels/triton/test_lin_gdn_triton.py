@@ -154,32 +154,27 @@ def test_fresh_start_fp16():
     run_case(1, 64, 1, 16, 32, 0, torch.float16, seed=4)
 
 
-# LinGdnLaunch.mean_form -> the MEAN_FORM the output kernels get on 16-bit and on fp32 v
-MEAN_FORM_CODES = {"scan": (0, 0), "dots": (1, 0), "difference": (2, 2)}
-
-
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize(("form", "dtype"), [("scan", torch.float16), ("dots", torch.float16),
-                                             ("difference", torch.float16), ("dots", torch.float32),
-                                             ("difference", torch.float32)])
+                                             ("dots", torch.float32)])
 def test_running_mean_of_v(launch, monkeypatch, fused, form, dtype):
     """The running mean of v the output adds, in each LinGdnLaunch.mean_form: in-chunk sums by
-    tl.cumsum or as a product with triangular ones (16-bit v; fp32 keeps the scan), or v minus
-    the stored centred value; in the fused training pass and in the output kernel, three
-    chunks, a continued state. The kernels are launched with the form asked for."""
+    tl.cumsum or as a product with triangular ones (16-bit v; fp32 keeps the scan); in the
+    fused training pass and in the output kernel, three chunks, a continued state. The kernels
+    are launched with the form asked for."""
     from kernels.gated_delta_rule import triton_fwd
     from tests.launch_util import LaunchSpy
 
     forms = []
     for name in ("state_fwd_kernel", "output_fwd_kernel"):
         monkeypatch.setattr(triton_fwd, name, LaunchSpy(getattr(triton_fwd, name),
-                                                        lambda kw: forms.append(kw["MEAN_FORM"] if kw["HAS_MEAN"]
+                                                        lambda kw: forms.append(kw["MEAN_DOT"] if kw["HAS_MEAN"]
                                                                                 else None)))
     launch(gated_delta_rule={"fused_fwd": {"enabled": fused, "min_heads": 1}},
            linearized_softmax_gdn={"mean_form": form})
     run_case(1, 130, 2, 16, 32, 6, dtype, seed=41)
-    code = MEAN_FORM_CODES[form][dtype == torch.float32]
-    assert forms == ([code] if fused else [None, code])
+    dots = form == "dots" and dtype != torch.float32
+    assert forms == ([dots] if fused else [None, dots])
     with pytest.raises(ValueError, match="mean_form must be one of"):
         launch(linearized_softmax_gdn={"mean_form": "sums"})
 
