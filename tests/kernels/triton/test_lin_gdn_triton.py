@@ -340,3 +340,26 @@ def test_running_mean_torch_matches_loop(count, dt):
     grads = torch.autograd.grad(out, ours, [c.to(x.dtype) for c, x in zip(cots, out)])
     grads_ref = torch.autograd.grad(out_ref, ref, cots)
     assert_prep_within(prep_errors(out, grads, out_ref, grads_ref), TOL[dt], ROW_TOL[dt])
+
+
+@pytest.mark.parametrize("widened", [False, True], ids=["interpreter", "bf16_dots"])
+def test_backward_scan_splits_into_bf16_only_where_products_are_bf16(monkeypatch, request, widened):
+    """PrepLaunch.bwd_by_dot (on by default) splits the backward's fp32 cotangents into bf16
+    parts for the tensor cores; the interpreter multiplies bf16 as its uint16 storage, so
+    there (kernels.common.triton.utils.bf16_products false) the scan runs instead, unless
+    the bf16_dots fixture widens the parts as a GPU would. Either way dk, dv match the loop."""
+    from tests.launch_util import LaunchSpy
+
+    if widened:
+        request.getfixturevalue("bf16_dots")
+    flags = []
+    monkeypatch.setattr(triton_prep, "running_mean_bwd_kernel",
+                        LaunchSpy(triton_prep.running_mean_bwd_kernel, lambda kw: flags.append(kw["BY_DOT"])))
+    cfg = settings("linearized_softmax_gdn").prep
+    assert cfg.bwd_by_dot
+    gen = torch.Generator().manual_seed(17)
+    leaves = [torch.randn(1, 100, 2, 16, generator=gen), torch.randn(1, 100, 2, 32, generator=gen)]
+    out, grads, out_ref, grads_ref = run_prep(leaves, 0, torch.float16, cfg)
+    assert flags == [widened, widened]
+    for name, a, b in zip(("dk", "dv"), grads, grads_ref):
+        assert rel_err(a, b) < TOL[torch.float16], name
