@@ -463,13 +463,13 @@ class MesaLaunch:
     bwd_solve: SolveLaunch = SolveLaunch(rows=32, num_warps=8, weights_scan=True, diag_cg_prec=True,
                                          operands="fp16_normed")
     states: StateLaunch = StateLaunch(max_BK=128, max_BD=64, min_BD=16, min_programs=2, num_warps=4, num_stages=2)
-    # The gradient kernel, one H100, T = 2k / 8k / 32k, 8 warps over the whole K (this
-    # default, whose GPU test errors equal the previous kernel's): K = 64 5,416 / 5,574 /
-    # 5,708 us, K = 128 5,467 / 5,561 / 5,572. 4 warps over 32-column blocks: K = 64 3,547 /
-    # 3,679 / 3,821, K = 128 5,480 / 5,579 / 5,592 (16 warps 17.8 ms at either; records
-    # 20261206T223730-T223821), the default once its GPU tests have run (4 warps with narrow
-    # blocks is where Triton 3.6 has miscompiled: NarrowVLaunch)
-    grads: GradsLaunch = GradsLaunch(num_warps=8, num_stages=1, BC=256)
+    # The gradient kernel, one H100, T = 2k / 8k / 32k, 4 warps over 32-column key blocks:
+    # K = 64 3,547 / 3,679 / 3,821 us, K = 128 5,480 / 5,579 / 5,592, against 8 warps over the
+    # whole K 5,416 / 5,574 / 5,708 and 5,467 / 5,561 / 5,572 (16 warps 17.8 ms at either;
+    # records 20261206T223730-T223821); its GPU test errors equal the 8-warp form's to the
+    # digit (2026-12-07; 4 warps over narrow blocks is where Triton 3.6 has miscompiled other
+    # kernels: NarrowVLaunch)
+    grads: GradsLaunch = GradsLaunch(num_warps=4, num_stages=1, BC=32)
 
     def __post_init__(self) -> None:
         for name in ("prec", "cg_prec"):
