@@ -7,7 +7,11 @@ LinGDNState and the gradients of q, k, v and of the state's h, k_sum, v_sum. Als
 Triton running-mean preprocessing alone (triton_prep.py, called directly: it has no other
 backend to fall back to) against the per-token form of the CPU tests in fp64
 (running_means_loop). Each error is held to TOL (whole tensor) and ROW_TOL (worst row,
-tests/util.py); all buffers the kernels write start as NaN.
+tests/util.py); all buffers the kernels write start as NaN. From a fresh state the first
+tokens' o and gradients are 15-30x the typical row (o_1 = v_1 while later outputs average
+many values), so their bf16 rounding alone exceeds ROW_TOL against the typical row (the
+PyTorch backend in bf16 measures 0.06-0.08 there on the CPU); such a worst row passes only as
+rounding, judged by the same case with fp16 inputs (tests/util.py rounding_verdict).
 
 Skipped without CUDA, and in a session where TRITON_INTERPRET is set (run tests/gpu in a
 pytest session of its own). Errors are printed (-s) and, when GPU_ERRORS_JSON names a file,
@@ -21,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.gpu.backends import triton_ran
-from tests.util import GPU_ONLY, ROW_TOL, TOL, record_gpu_errors, rel_err, row_err
+from tests.util import GPU_ONLY, ROW_TOL, TOL, record_gpu_errors, rel_err, rounding_verdict, row_err
 
 pytestmark = GPU_ONLY
 
@@ -30,14 +34,15 @@ pytest.importorskip("triton")
 B, T, H, D = 1, 8192, 2, 128
 
 
-def make_leaves(count: int, seed: int) -> list[torch.Tensor]:
-    """q, k (unit norm: the §7 transition contracts from the first tokens on), v in bf16 and,
-    for count > 0, a state h, k_sum, v_sum in fp32 of the size count tokens would give."""
+def make_leaves(count: int, seed: int, dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
+    """q, k (unit norm: the §7 transition contracts from the first tokens on), v in dtype (the
+    same values for every dtype, up to its rounding) and, for count > 0, a state h, k_sum,
+    v_sum in fp32 of the size count tokens would give."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
-    leaves = [torch.randn(B, T, H, D, device=dev, generator=gen).to(torch.bfloat16),
-              F.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1).to(torch.bfloat16),
-              torch.randn(B, T, H, D, device=dev, generator=gen).to(torch.bfloat16)]
+    leaves = [torch.randn(B, T, H, D, device=dev, generator=gen).to(dtype),
+              F.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1).to(dtype),
+              torch.randn(B, T, H, D, device=dev, generator=gen).to(dtype)]
     if count:
         leaves += [0.1 * torch.randn(B, H, D, D, device=dev, generator=gen),
                    F.normalize(torch.randn(B, H, D, device=dev, generator=gen), dim=-1) * count**0.5,
@@ -45,14 +50,26 @@ def make_leaves(count: int, seed: int) -> list[torch.Tensor]:
     return leaves
 
 
-def bf16_errors(pairs: dict, case: str) -> dict:
+def measured_errors(pairs: dict, case: str) -> dict:
     """{name: (ours, reference)} -> rel_err under each name and row_err under "<name> (worst
-    row)", recorded under `case`; asserts them under bf16's TOL and ROW_TOL."""
+    row)", recorded under `case`."""
     errors = {n: rel_err(a, b) for n, (a, b) in pairs.items()}
     errors.update({f"{n} (worst row)": row_err(a, b) for n, (a, b) in pairs.items()})
     record_gpu_errors(case, errors)
+    return errors
+
+
+def bf16_errors(pairs: dict, case: str, twin=None) -> dict:
+    """measured_errors, asserted under bf16's TOL and ROW_TOL; with twin (a callable giving
+    the same case's errors with fp16 inputs), a worst row over ROW_TOL passes when it is
+    rounding (tests/util.py rounding_verdict)."""
+    errors = measured_errors(pairs, case)
     tol, row_tol = TOL[torch.bfloat16], ROW_TOL[torch.bfloat16]
     bad = {n: e for n, e in errors.items() if not e < (row_tol if n.endswith("(worst row)") else tol)}
+    if twin is not None and bad and all(n.endswith(" (worst row)") for n in bad):
+        twin_errors = twin()
+        bad = {n: f"{e:.3e}, and {why}" for n, e in bad.items()
+               if (why := rounding_verdict(e, twin_errors[n.removesuffix(" (worst row)")], twin_errors[n]))}
     assert not bad, f"{case}: errors over {tol} (rows {row_tol}): {bad} (all: {errors})"
     return errors
 
@@ -68,21 +85,20 @@ MEAN_FORMS = {
 }
 
 
-@pytest.mark.parametrize("form", list(MEAN_FORMS))
-@pytest.mark.parametrize("count", [0, 37])
-def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count, form):
-    """Through the public op, in each of MEAN_FORMS."""
+def public_op_pairs(count: int, form: str, dtype: torch.dtype) -> dict:
+    """{name: (ours, fp64 reference)} of o, the final state and every input gradient through
+    the public op in MEAN_FORMS[form], from inputs in dtype."""
     lin = pytest.importorskip("kernels.linearized_softmax_gdn")
     from kernels.common.launch import launch_settings
     from kernels.common.triton import utils
 
-    leaves = make_leaves(count, seed=7 + count)
+    leaves = make_leaves(count, seed=7 + count, dtype=dtype)
     ours = [x.detach().clone().requires_grad_(True) for x in leaves]
     ref = [x.detach().double().requires_grad_(True) for x in leaves]
     st = lin.LinGDNState(*ours[3:], count) if count else None
     st_ref = lin.LinGDNState(*ref[3:], count) if count else None
     gen = torch.Generator(device="cuda").manual_seed(1234)
-    do = torch.randn(B, T, H, D, device="cuda", generator=gen).to(torch.bfloat16)
+    do = torch.randn(B, T, H, D, device="cuda", generator=gen).to(dtype)
     d_state = [torch.randn(s, device="cuda", generator=gen) for s in ((B, H, D, D), (B, H, D), (B, H, D))]
     utils.DEBUG.poison = True
     try:
@@ -94,10 +110,20 @@ def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count, form):
     o_ref, s_ref = lin.linearized_softmax_gdn(*ref[:3], initial_state=st_ref, output_final_state=True,
                                               backend="torch")
     grads_ref = torch.autograd.grad((o_ref, *s_ref[:3]), ref, (do.double(), *(x.double() for x in d_state)))
-    assert o.dtype == torch.bfloat16 and s.count == count + T
+    assert o.dtype == dtype and s.count == count + T
     pairs = {"o": (o, o_ref), "h": (s.h, s_ref.h), "k_sum": (s.k_sum, s_ref.k_sum), "v_sum": (s.v_sum, s_ref.v_sum)}
     pairs.update({n: (a, b) for n, a, b in zip(("dq", "dk", "dv", "dh0", "dk_sum0", "dv_sum0"), grads, grads_ref)})
-    bf16_errors(pairs, f"lin_gdn_bf16_T{T}_count{count}" + ("" if form == "mean_scan" else f"_{form}"))
+    return pairs
+
+
+@pytest.mark.parametrize("form", list(MEAN_FORMS))
+@pytest.mark.parametrize("count", [0, 37])
+def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count, form):
+    """Through the public op, in each of MEAN_FORMS; a worst row over ROW_TOL is judged
+    against the same case with fp16 inputs."""
+    case = f"lin_gdn_bf16_T{T}_count{count}" + ("" if form == "mean_scan" else f"_{form}")
+    pairs = public_op_pairs(count, form, torch.bfloat16)
+    bf16_errors(pairs, case, lambda: measured_errors(public_op_pairs(count, form, torch.float16), f"{case}_fp16_twin"))
 
 
 @pytest.mark.parametrize("by_dot", [False, True], ids=["scans", "dots"])
