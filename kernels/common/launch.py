@@ -499,7 +499,7 @@ class PrepLaunch(KernelLaunch):
         _check_pow2(self, "min_BD")
 
 
-MEAN_FORMS = ("scan", "dots")  # LinGdnLaunch.mean_form
+MEAN_FORMS = ("auto", "scan", "dots")  # LinGdnLaunch.mean_form
 
 
 @dataclasses.dataclass(frozen=True)
@@ -524,12 +524,14 @@ class LinGdnLaunch:
     train_fused_max_K: int = 64
     # How the output forms the running mean of v it adds (MEAN_FORMS): "scan", in-chunk sums by
     # tl.cumsum, a scan inside the state pass's sequential loop; "dots", those sums of 16-bit v
-    # as a product with triangular ones (kernels/common/triton/prefix.py). One H100, T = 2k /
-    # 8k / 32k (records 20261207T024423, T024458): the output kernel 761 / 768 / 780 -> 701 /
-    # 715 / 740 us at K = 128, the no-gradient fused pass 750 / 1,052 / 1,499 -> 592 / 810 /
-    # 1,056 at K = 64, but at K = 128 1,187 / 1,174 / 1,738 -> 1,483 / 1,478 / 1,195: scan
-    # until a rule picks the form per pass
-    mean_form: str = "scan"
+    # as a product with triangular ones (kernels/common/triton/prefix.py); "auto", per pass
+    # (RunningMean.sums_by_dot): dots in the output kernel, and in the fused state pass at K <=
+    # 64 or within one wave of programs. One H100, T = 2k / 8k / 32k (records 20261207T024423,
+    # T024458), scan -> dots: the output kernel 761 / 768 / 780 -> 701 / 715 / 740 us at K =
+    # 128, the no-gradient fused pass 750 / 1,052 / 1,499 -> 592 / 810 / 1,056 at K = 64, and
+    # at K = 128 1,187 / 1,174 / 1,738 -> 1,483 / 1,478 / 1,195 (2,048 / 512 / 128 programs on
+    # 132 multiprocessors)
+    mean_form: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.train_fused_max_K, int) or self.train_fused_max_K < 0:

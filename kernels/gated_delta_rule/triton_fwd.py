@@ -42,18 +42,27 @@ class RunningMean:
     (enter[n] + x_{64 n} + ... + x_i) / (count + i + 1), n = i // 64. x: [B, T, H, V]
     contiguous; enter: [B, H, cdiv(T, 64), V] fp32, the sums entering each chunk (the
     linearized softmax GDN's v and v_sum0 + the earlier tokens' v); count: tokens before T.
-    form (LinGdnLaunch.mean_form): the in-chunk sums by tl.cumsum ("scan") or, for a 16-bit
-    x, as a product with triangular ones ("dots", prefix.py)."""
+    form (LinGdnLaunch.mean_form): the in-chunk sums by tl.cumsum ("scan"), for a 16-bit x as
+    a product with triangular ones ("dots", prefix.py), or per pass ("auto", sums_by_dot)."""
 
     x: torch.Tensor
     enter: torch.Tensor
     count: int
-    form: str = "scan"
+    form: str = "auto"
 
-    def sums_by_dot(self) -> bool:
-        """Whether the output kernels take the in-chunk sums on the tensor cores: form "dots"
-        and a 16-bit x (an fp32 x keeps tl.cumsum: its fp32 output wants every bit)."""
-        return self.form == "dots" and self.x.element_size() == 2
+    def sums_by_dot(self, state_pass: bool = False, K: int = 0, programs: int = 0,
+                    multiprocessors: int | None = None) -> bool:
+        """Whether a kernel takes the in-chunk sums on the tensor cores: never for an fp32 x
+        (tl.cumsum keeps every bit its fp32 output wants); always in form "dots"; in form
+        "auto" in the output kernel, and in the fused state pass (state_pass, at head dim K,
+        `programs` on a GPU of `multiprocessors`, None off a GPU) at K <= 64 or where the
+        programs fill at most one wave: at K = 128 with more programs the triangular
+        product's registers cost the pass more than the scan does (LinGdnLaunch.mean_form)."""
+        if self.x.element_size() != 2 or self.form == "scan":
+            return False
+        if self.form == "dots" or not state_pass:
+            return True
+        return K <= 64 or (multiprocessors is not None and programs <= multiprocessors)
 
 
 @triton.jit
@@ -148,15 +157,17 @@ def output_fwd_kernel(
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
-def _mean_args(mean: RunningMean | None, NT: int, chunk_size: int, where: str, stand_in: torch.Tensor):
-    """The kernels' (mv, menter, count, MEAN_DOT) of `mean`, checked against NT chunks of
-    chunk_size; without one, a stand-in tensor (never read), count 0 and no dots."""
+def _mean_args(mean: RunningMean | None, NT: int, chunk_size: int, where: str, stand_in: torch.Tensor,
+               by_dot: bool = False):
+    """The kernels' (mv, menter, count) of `mean`, checked against NT chunks of chunk_size,
+    and MEAN_DOT (by_dot where there is a mean); without one, a stand-in tensor (never read),
+    count 0 and no dots."""
     if mean is None:
         return stand_in, stand_in, 0, False
     if mean.enter.shape[2] != NT:
         raise ValueError(f"{where}: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
                          f"the output {NT} of {chunk_size} tokens")
-    return mean.x, mean.enter, mean.count, mean.sums_by_dot()
+    return mean.x, mean.enter, mean.count, by_dot
 
 
 def _fused_settings(launch, inference: bool):
@@ -191,7 +202,6 @@ def state_fwd(
     B, T, H, K = k.shape
     V = u0.shape[-1]
     NT = triton.cdiv(T, chunk_size)
-    mv, menter, count, mean_dot = _mean_args(mean, NT, chunk_size, "state_fwd", k)
     dev, dt = k.device, k.dtype
     h = new_buffer((B, H, NT, K, V), dt, dev) if store_states else None
     u = new_buffer((B, T, H, V), dt, dev) if store_states else None
@@ -201,7 +211,11 @@ def state_fwd(
     cfg = launch.state_fwd if q is None else _fused_settings(launch, inference=not store_states)
     cap = cfg.BV if q is None else cfg.block_v(full_block(K))
     BV = sequential_block_v(V, cap, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
-    stages = cfg.stages_at(full_block(K), k.element_size(), triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev))
+    programs, multiprocessors = triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev)
+    stages = cfg.stages_at(full_block(K), k.element_size(), programs, multiprocessors)
+    mv, menter, count, mean_dot = _mean_args(
+        mean, NT, chunk_size, "state_fwd", k,
+        mean is not None and mean.sums_by_dot(state_pass=True, K=K, programs=programs, multiprocessors=multiprocessors))
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
         h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,
@@ -227,7 +241,8 @@ def output_fwd(
     o = new_buffer((B, T, H, V), q.dtype, q.device)
     cfg = delta_launch(gam is not None).output_fwd
     BV = block_size(V, cfg.BV)
-    mv, menter, count, mean_dot = _mean_args(mean, NT, chunk_size, "output_fwd", q)
+    mv, menter, count, mean_dot = _mean_args(mean, NT, chunk_size, "output_fwd", q,
+                                             mean is not None and mean.sums_by_dot())
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,

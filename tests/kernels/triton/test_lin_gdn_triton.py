@@ -156,12 +156,12 @@ def test_fresh_start_fp16():
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize(("form", "dtype"), [("scan", torch.float16), ("dots", torch.float16),
-                                             ("dots", torch.float32)])
+                                             ("dots", torch.float32), ("auto", torch.float16)])
 def test_running_mean_of_v(launch, monkeypatch, fused, form, dtype):
     """The running mean of v the output adds, in each LinGdnLaunch.mean_form: in-chunk sums by
     tl.cumsum or as a product with triangular ones (16-bit v; fp32 keeps the scan); in the
     fused training pass and in the output kernel, three chunks, a continued state. The kernels
-    are launched with the form asked for."""
+    are launched with the form asked for ("auto" at K = 16: dots in both)."""
     from kernels.gated_delta_rule import triton_fwd
     from tests.launch_util import LaunchSpy
 
@@ -173,10 +173,32 @@ def test_running_mean_of_v(launch, monkeypatch, fused, form, dtype):
     launch(gated_delta_rule={"fused_fwd": {"enabled": fused, "min_heads": 1}},
            linearized_softmax_gdn={"mean_form": form})
     run_case(1, 130, 2, 16, 32, 6, dtype, seed=41)
-    dots = form == "dots" and dtype != torch.float32
+    dots = form != "scan" and dtype != torch.float32
     assert forms == ([dots] if fused else [None, dots])
     with pytest.raises(ValueError, match="mean_form must be one of"):
         launch(linearized_softmax_gdn={"mean_form": "sums"})
+
+
+def test_auto_mean_form_picks_per_pass():
+    """mean_form "auto": the output kernel takes the dots; the fused state pass takes them at
+    K <= 64, or at K = 128 where its programs fill at most one wave of the multiprocessors,
+    and off a GPU (no multiprocessors) keeps the scan at K = 128; fp32 v keeps the scan in
+    every form."""
+    from kernels.gated_delta_rule.triton_fwd import RunningMean
+
+    def mean(form, dtype=torch.bfloat16):
+        return RunningMean(torch.zeros(1, 4, 1, 8, dtype=dtype), torch.zeros(1, 1, 1, 8), 0, form)
+
+    auto = mean("auto")
+    assert auto.sums_by_dot()
+    assert auto.sums_by_dot(state_pass=True, K=64, programs=2048, multiprocessors=132)
+    assert auto.sums_by_dot(state_pass=True, K=128, programs=132, multiprocessors=132)
+    assert not auto.sums_by_dot(state_pass=True, K=128, programs=133, multiprocessors=132)
+    assert not auto.sums_by_dot(state_pass=True, K=128, programs=8, multiprocessors=None)
+    assert mean("dots").sums_by_dot(state_pass=True, K=128, programs=2048, multiprocessors=132)
+    assert not mean("scan").sums_by_dot() and not mean("scan").sums_by_dot(state_pass=True, K=16)
+    assert not any(mean(form, torch.float32).sums_by_dot(state_pass=True, K=16) or
+                   mean(form, torch.float32).sums_by_dot() for form in ("auto", "dots"))
 
 
 @pytest.mark.parametrize("count", [0, 9])
