@@ -168,6 +168,22 @@ def test_the_mesa_launch_sweep_varies_the_solve_warps_rows_and_gradient_columns(
     assert sum(x.get("prec") == "tf32x3" for x in launches) == 1
 
 
+def test_the_narrowing_sweep_changes_one_default_per_mixer():
+    from pathlib import Path
+
+    from harness.sweep import expand, load_sweep
+    from kernels.common.launch import DEFAULTS, as_dict
+
+    plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-narrowing.yaml"), "cuda")
+    changed = {p.mixer: p.config["launch"] for p in plan.points}
+    assert changed == {"deltanet": {"delta_rule": {"seq": {"min_waves": 1}}},
+                       "gdn": {"gated_delta_rule": {"seq": {"min_waves": 1}}},
+                       "lin_gdn": {"linearized_softmax_gdn": {"mean_form": "scan"}}}
+    assert as_dict(DEFAULTS["delta_rule"])["seq"]["min_waves"] == 2
+    assert as_dict(DEFAULTS["linearized_softmax_gdn"])["mean_form"] == "auto"
+    assert all(p.config["phases"] == ["fwd", "fwdbwd"] for p in plan.points)
+
+
 def test_the_gpu_sweep_times_every_op_and_both_gla_gates():
     from pathlib import Path
 
