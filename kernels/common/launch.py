@@ -319,6 +319,17 @@ class WyBwdLaunch(NarrowVLaunch):
 
 
 @dataclasses.dataclass(frozen=True)
+class DqkwLaunch(TileLaunch):
+    """The delta rules' dq/dk/dW kernel (kernels/gated_delta_rule/triton_bwd_grad.py).
+    dk_part_16bit: for 16-bit inputs, dk's share from the output and the state (which wy_bwd
+    completes with the WY part) is stored in the input dtype instead of fp32, halving what
+    the kernel writes and wy_bwd reads of it ([B, T, H, K]); dk then carries one rounding
+    more of that share (dg, which dqkw hands over apart in fp32, does not)."""
+
+    dk_part_16bit: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class DeltaLaunch:
     """Launch settings of the delta_rule / gated_delta_rule kernels (kernels/gated_delta_rule).
     num_warps 8 is avoided on Hopper (miscompiles seen with Triton 3.4 to 3.7) and measured
@@ -356,7 +367,7 @@ class DeltaLaunch:
     # (DEFAULTS) takes it at K = 64 only: there 1,028 / 1,382 / 1,747 -> 582 / 750 / 1,201,
     # at K = 128 1,577 / 1,476 / 2,049 -> 1,504 / 1,971 / 1,941
     state_bwd: StateBwdLaunch = StateBwdLaunch(BV=64, num_warps=4, num_stages=2, local_du=True, min_heads=1)
-    dqkw: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
+    dqkw: DqkwLaunch = DqkwLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
     # dM^T read back from a scratch copy: wy_bwd 1,138 / 1,156 / 1,184 -> 1,072 / 1,095 / 1,134
     # us (DeltaNet) and 1,245 / 1,327 / 1,390 -> 1,134 / 1,197 / 1,297 (GDN) at T = 2k / 8k / 32k,
     # K = 128; GDN at K = 64 1,557 / 1,694 / 1,926 -> 1,270 / 1,291 / 1,512 (one H100, records

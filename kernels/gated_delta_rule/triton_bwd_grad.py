@@ -24,7 +24,7 @@ transposing a product (kernels/common/triton/solve.py says why).
 grid (K-blocks, chunks, heads); each program loops twice over the V-blocks, once for dP and
 once for the state products (first when gated, so that the gate's row factors scale their sums
 once), so at most four [BT, BK] or [BT, BT] accumulators are live at once. Outputs: dq (final,
-q's dtype), dk_part (fp32, completed by wy_bwd), dW (input dtype), dgam_part
+q's dtype), dk_part (fp32 or 16-bit, completed by wy_bwd), dW (input dtype), dgam_part
 [NK, B, T, H] fp32 (one partial per K-block, summed by wy_bwd), written only where the gate
 wants a gradient (NEED_DG; the linearized softmax GDN's gates come from positions).
 """
@@ -138,9 +138,10 @@ def dqkw(
     need_dg: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """q, k: [B, T, H, K]; u, do, du: [B, T, H, V]; h, dh: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None.
-    Returns (dq [B, T, H, K] q.dtype, dk_part fp32, dW k.dtype, dgam_part [2 NK, B, T, H]
-    fp32, or None without a gate or with need_dg False: per K-block the d gamma of each
-    token, then the share of dg that earlier rows of the chunk give)."""
+    Returns (dq [B, T, H, K] q.dtype, dk_part fp32 (k.dtype for 16-bit inputs under
+    DqkwLaunch.dk_part_16bit), dW k.dtype, dgam_part [2 NK, B, T, H] fp32, or None without a
+    gate or with need_dg False: per K-block the d gamma of each token, then the share of dg
+    that earlier rows of the chunk give)."""
     B, T, H, K = q.shape
     V = u.shape[-1]
     BT = chunk_size
@@ -150,7 +151,7 @@ def dqkw(
     BK = block_size(K, cfg.BK)
     NK = triton.cdiv(K, BK)
     dq = new_buffer((B, T, H, K), q.dtype, dev)
-    dk = new_buffer((B, T, H, K), torch.float32, dev)
+    dk = new_buffer((B, T, H, K), k.dtype if cfg.dk_part_16bit and k.element_size() == 2 else torch.float32, dev)
     dw = new_buffer((B, T, H, K), k.dtype, dev)
     # rows [0, NK): each K-block's d gamma per token; [NK, 2 NK): its share of dg from earlier rows
     need_dg = need_dg and gam is not None

@@ -112,7 +112,7 @@ def wy_bwd_kernel(
         b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
         b_dw = load_tile(dw + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
         b_dkb = tl.dot(b_tmt, b_dw, input_precision=PREC)
-        b_dk = load_tile(dk_part + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_dk = load_tile(dk_part + seq * K, t0, i_k * BK, T, K, H * K, BT, BK).to(tl.float32)
         b_dk += b_dkb * b_f[:, None]
         b_dk += tl.dot(b_dm, b_k, input_precision=PREC)
         b_dk += tl.dot(b_dmt, b_k, input_precision=PREC)
@@ -138,9 +138,9 @@ def wy_bwd(
     dgam_part: torch.Tensor | None, g_dtype: torch.dtype | None, need_dg: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H]; gam: [B, T, H] fp32 log2 units or
-    None; tm: [B, T, H, BT] (wy_fwd's, BT the chunk length); dw, dk_part: [B, T, H, K]; du:
-    [B, T, H, V]; dgam_part: [2 NK, B, T, H] fp32 or None (dqkw's per-token d gamma, then its
-    earlier-rows share of dg).
+    None; tm: [B, T, H, BT] (wy_fwd's, BT the chunk length); dw, dk_part (fp32 or k's dtype):
+    [B, T, H, K]; du: [B, T, H, V]; dgam_part: [2 NK, B, T, H] fp32 or None (dqkw's per-token
+    d gamma, then its earlier-rows share of dg).
     Returns (dk [B, T, H, K] k.dtype, dv [B, T, H, V] v.dtype, dbeta [B, T, H] beta.dtype,
     dg [B, T, H] in g_dtype, or None without a gate or with need_dg False)."""
     B, T, H, K = k.shape

@@ -163,6 +163,16 @@ def test_dqkw_over_v_blocks(case):
 
 
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
+def test_dk_part_in_16_bits(case):
+    """dqkw storing dk's share from the output and the state in the input dtype
+    (DqkwLaunch.dk_part_16bit) against the default's fp32 share, each against fp64
+    (over_bounds_against; dk carries one rounding more of that share)."""
+    errors = variant_errors(case, {"dqkw": {"dk_part_16bit": True}})
+    bad = over_bounds_against(case, errors, errors_of(case))
+    assert not bad, f"{case} dk_part in 16 bits: (error, default's error) over the bounds: {bad} (all: {errors})"
+
+
+@pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
 def test_wy_bwd_without_readback(case):
     """The WY backward forming dM^T again from transposed products (WyBwdLaunch.dm_readback
     off; the default loads it back transposed from a scratch copy of dM, written and read

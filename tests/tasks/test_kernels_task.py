@@ -168,20 +168,23 @@ def test_the_mesa_launch_sweep_varies_the_solve_warps_rows_and_gradient_columns(
     assert sum(x.get("prec") == "tf32x3" for x in launches) == 1
 
 
-def test_the_narrowing_sweep_changes_one_default_per_mixer():
+def test_the_candidates_sweep_changes_one_default_a_run():
     from pathlib import Path
 
     from harness.sweep import expand, load_sweep
     from kernels.common.launch import DEFAULTS, as_dict
 
-    plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-narrowing.yaml"), "cuda")
-    changed = {p.mixer: p.config["launch"] for p in plan.points}
-    assert changed == {"deltanet": {"delta_rule": {"seq": {"min_waves": 1}}},
-                       "gdn": {"gated_delta_rule": {"seq": {"min_waves": 1}}},
-                       "lin_gdn": {"linearized_softmax_gdn": {"mean_form": "scan"}}}
+    plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-candidates.yaml"), "cuda")
+    changed = [(p.mixer, p.config["launch"], p.config["phases"]) for p in plan.points]
+    both, bwd = ["fwd", "fwdbwd"], ["fwdbwd"]
+    assert changed == [("deltanet", {"delta_rule": {"seq": {"min_waves": 1}}}, both),
+                       ("gdn", {"gated_delta_rule": {"seq": {"min_waves": 1}}}, both),
+                       ("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "scan"}}, both),
+                       ("deltanet", {"delta_rule": {"dqkw": {"dk_part_16bit": True}}}, bwd),
+                       ("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}}}, bwd)]
     assert as_dict(DEFAULTS["delta_rule"])["seq"]["min_waves"] == 2
+    assert not as_dict(DEFAULTS["gated_delta_rule"])["dqkw"]["dk_part_16bit"]
     assert as_dict(DEFAULTS["linearized_softmax_gdn"])["mean_form"] == "auto"
-    assert all(p.config["phases"] == ["fwd", "fwdbwd"] for p in plan.points)
 
 
 def test_the_gpu_sweep_times_every_op_and_both_gla_gates():
