@@ -80,9 +80,10 @@ if [ "${AB_S:-0}" -gt 0 ]; then
     pack
 fi
 gpu_tests() {
-    # The whole output goes into the logs (each case's errors included); the summary lines here.
+    # The whole output goes into the logs (each case's errors included, and with -rA a line for
+    # every test that finished, so a run cut at its limit says which ran); the summary lines here.
     # shellcheck disable=SC2086
-    timeout -k 20 -s INT "$(limit "$TESTS_S")" python3 -m pytest -q -s -p no:cacheprovider ${TESTS:-tests/gpu} \
+    timeout -k 20 -s INT "$(limit "$TESTS_S")" python3 -m pytest -q -rA -s -p no:cacheprovider ${TESTS:-tests/gpu} \
         ${TESTS_K:+-k "$TESTS_K"} ${TESTS_N:+-n "$TESTS_N" --dist loadgroup} ${TESTS_ARGS:-} >"$OUT/logs/gpu_tests.log" 2>&1
     grep -E "GPU-ERR|passed|failed|skipped|PASSED|FAILED|^E  " "$OUT/logs/gpu_tests.log" | tail -n 40
     pack
