@@ -563,12 +563,17 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
     # records 20261206T194651, T224005; one stage instead of two: 1,539, T223933; GPU-tested
     # 2026-12-07)
     "delta_rule": DeltaLaunch(
-        dqkw=dataclasses.replace(DeltaLaunch.dqkw, BV=128),
         # three stages where the backward state pass runs at most one wave of programs: at 32k
         # (128 programs) 1,395 -> 987 us at K = 128 and 1,019 -> 660 at K = 64; three
         # everywhere were slower at 8k, K = 128 (256 programs: 855 -> 989; one H100, records
         # 20261207T024308, T024410)
         state_bwd=dataclasses.replace(DeltaLaunch.state_bwd, few_program_stages=3, few_program_waves=1),
+        # dk's share in bf16: forward+backward 4.75 / 5.10 / 5.29 -> 4.51 / 4.83 / 5.00 ms at K =
+        # 128, 4.20 / 4.64 / 4.91 -> 3.97 / 4.38 / 4.66 at K = 64 (dqkw and wy_bwd ~10 % each);
+        # narrowing only below one wave: 8k 5.10 -> 5.00 (K = 128), 4.64 -> 4.36 (K = 64), the
+        # forward at 8k, K = 64 1.38 -> 1.25 (one H100, records 20261207T041508-T041948)
+        dqkw=DqkwLaunch(BK=64, BV=128, num_warps=4, num_stages=2, dk_part_16bit=True),
+        seq=NarrowingLaunch(min_BV=32, min_waves=1),
     ),
     # GDN forms dU_local in its backward state pass at K <= 64 only (DeltaLaunch.state_bwd says why)
     "gated_delta_rule": DeltaLaunch(state_bwd=dataclasses.replace(DeltaLaunch.state_bwd, max_K=64)),
