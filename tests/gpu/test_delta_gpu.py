@@ -63,24 +63,6 @@ def errors_of(case: str, dtype: torch.dtype | None = None) -> dict:
     """Errors of every output and gradient of one case (in `dtype` where given, its twin in
     that dtype) against the fp64 chunked form: rel_err under each quantity's name, row_err
     under "<name> (worst row)"."""
-    return case_errors(case, dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def twin_errors(case: str) -> dict:
-    """errors_of the case's fp16 twin with the WY inverse solved in fp32 (WyFwdLaunch.
-    tf32_solve off): the default tf32 solve rounds to 2^-11, about fp16's own unit roundoff,
-    which would not shrink with the inputs' precision and would hide the 8-fold shrink the
-    rounding verdict looks for; beside bf16's 2^-8 it is small."""
-    from kernels.common.launch import launch_settings
-
-    exact = {"wy_fwd": {"tf32_solve": False}}
-    with launch_settings(delta_rule=exact, gated_delta_rule=exact):
-        return case_errors(case, torch.float16, " with an fp32 solve")
-
-
-def case_errors(case: str, dtype: torch.dtype | None = None, label: str = "") -> dict:
-    """errors_of without its cache, recorded under the case's name (+ its dtype, + label)."""
     from kernels import delta_rule, gated_delta_rule
     from kernels.common.triton import utils
     from kernels.gated_delta_rule.chunked import chunk_gated_delta_rule
@@ -109,8 +91,7 @@ def case_errors(case: str, dtype: torch.dtype | None = None, label: str = "") ->
     pairs = {"o": (o, o_ref), "final_state": (ht, ht_ref)}
     pairs.update({"d" + n: (grad, grad_ref) for n, grad, grad_ref in zip(ours, grads, grads_ref)})
     errors = all_errors(pairs)
-    record_gpu_errors((case if dtype == case_dtype else f"{case} as {str(dtype).removeprefix('torch.')}") + label,
-                      errors)
+    record_gpu_errors(case if dtype == case_dtype else f"{case} as {str(dtype).removeprefix('torch.')}", errors)
     return errors
 
 
@@ -184,11 +165,11 @@ def test_dqkw_over_v_blocks(case):
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
 def test_dk_part_in_16_bits(case):
     """dqkw storing dk's share from the output and the state in the input dtype
-    (DqkwLaunch.dk_part_16bit) against the default's fp32 share, each against fp64
+    (DqkwLaunch.dk_part_16bit, DeltaNet's default) against an fp32 share, each against fp64
     (over_bounds_against; dk carries one rounding more of that share)."""
     errors = variant_errors(case, {"dqkw": {"dk_part_16bit": True}})
-    bad = over_bounds_against(case, errors, errors_of(case))
-    assert not bad, f"{case} dk_part in 16 bits: (error, default's error) over the bounds: {bad} (all: {errors})"
+    bad = over_bounds_against(case, errors, variant_errors(case, {"dqkw": {"dk_part_16bit": False}}))
+    assert not bad, f"{case} dk_part in 16 bits: (error, fp32 share's error) over the bounds: {bad} (all: {errors})"
 
 
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
@@ -276,13 +257,13 @@ def test_matches_fp64_chunked(case, quantity):
     errors = errors_of(case)
     if quantity not in errors:
         pytest.skip(f"{case} has no {quantity}")
-    assert_quantity(case, quantity, errors, lambda: twin_errors(case))
+    assert_quantity(case, quantity, errors, lambda: errors_of(case, torch.float16))
 
 
 def assert_quantity(case: str, quantity: str, errors: dict, twin) -> None:
     """One quantity of a case within TOL (whole tensor) and ROW_TOL (worst row); a bf16 worst
     row over ROW_TOL passes only as rounding (tests/util.py ROUNDING_SHRINK), judged against
-    the errors of the same case with fp16 inputs, which twin() returns (twin_errors)."""
+    the errors of the same case with fp16 inputs, which twin() returns."""
     dtype = CASES[case][6]
     whole, row = errors[quantity], errors[f"{quantity} (worst row)"]
     assert whole < TOL[dtype], f"{case} {quantity}: {whole:.3e} >= {TOL[dtype]} (all: {errors})"

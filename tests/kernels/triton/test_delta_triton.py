@@ -188,22 +188,23 @@ def test_wy_bwd_readback_matches_reference(compare, launch, gated, T, K, dtype, 
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
 
 
+@pytest.mark.parametrize("sixteen", [True, False], ids=["share16", "share32"])
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
 @pytest.mark.parametrize("T, K, dtype", [(130, 32, torch.float16), (100, 64, torch.float16), (65, 32, torch.float32)])
-def test_dk_part_in_16_bits_matches_reference(compare, launch, monkeypatch, gated, T, K, dtype):
+def test_dk_part_in_16_bits_matches_reference(compare, launch, monkeypatch, gated, T, K, dtype, sixteen):
     """dqkw storing dk's share from the output and the state in the input dtype
-    (DqkwLaunch.dk_part_16bit) for 16-bit inputs, fp32 for fp32 inputs: every gradient
-    against the reference; a partial last chunk, several chunks; wy_bwd is handed the
-    16-bit share."""
+    (DqkwLaunch.dk_part_16bit: DeltaNet's default) for 16-bit inputs, fp32 for fp32 inputs,
+    or in fp32 throughout: every gradient against the reference; a partial last chunk,
+    several chunks; wy_bwd is handed the share in the dtype asked for."""
     from kernels.gated_delta_rule import triton_op
 
     seen = []
     wy_bwd = triton_op.wy_bwd
     monkeypatch.setattr(triton_op, "wy_bwd", lambda *a, **kw: seen.append(a[7].dtype) or wy_bwd(*a, **kw))
-    launch(**each(DELTA_OPS, {"dqkw": {"dk_part_16bit": True}}))
+    launch(**each(DELTA_OPS, {"dqkw": {"dk_part_16bit": sixteen}}))
     tensors, h0 = make_inputs(2, T, 2, K, 32, dtype, seed=90 + T, gated=gated)
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
-    assert seen and set(seen) == {torch.float32 if dtype == torch.float32 else dtype}
+    assert seen and set(seen) == {dtype if sixteen else torch.float32}
 
 
 def test_wy_bwd_readback_equals_transposed_products(launch, monkeypatch):
