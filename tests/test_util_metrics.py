@@ -82,6 +82,22 @@ def test_two_workers_records_reach_the_file(tmp_path):
                        ("test_row_err_sees_one_bad_token_that_rel_err_averages_away", "rel_err", 1e-2)}
 
 
+def test_rounding_floor_is_what_rounding_the_reference_gives():
+    """One row 10x the typical one: rounding the exact values to bf16 alone puts the worst row
+    near ROW_TOL (up to 2^-9 x 10, here 0.018) where the other rows give 0.007; fp16 rounds it
+    finer; an exact reference has none."""
+    from tests.util import ROW_TOL, rounding_floor
+
+    gen = torch.Generator().manual_seed(3)
+    ref = torch.randn(4096, 2, dtype=torch.float64, generator=gen)
+    ref[-1] = torch.tensor([8.1, 3.1], dtype=torch.float64)  # a last token's large gradient
+    ref[-1] *= 10 * ref.norm(dim=-1).pow(2).mean().sqrt() / ref[-1].norm()
+    bf16, fp16 = rounding_floor(ref, torch.bfloat16), rounding_floor(ref, torch.float16)
+    assert bf16 == row_err(ref.to(torch.bfloat16), ref) and fp16 < bf16 / 2
+    assert 2 ** -9 < bf16 < 10 * 2 ** -8 and rounding_floor(ref, torch.float64) == 0.0
+    assert rounding_floor(ref[:-1], torch.bfloat16) < ROW_TOL[torch.bfloat16]
+
+
 def test_rounding_verdict_tells_rounding_from_a_fault():
     """A bf16 worst row counts as rounding only when its fp16 twin passes fp16's TOL and
     shrinks the row at least ROUNDING_SHRINK-fold; an error that stays put is a fault."""
