@@ -495,7 +495,10 @@ class PrepLaunch(KernelLaunch):
     the feature block BD is halved from max_BD, down to min_BD, while fewer than
     min_programs programs would run. fwd_by_dot / bwd_by_dot: the forward's in-tile sums of
     16-bit inputs, the backward's of the fp32 cotangents (for a 16-bit dx), as products with
-    triangular ones (kernels/common/triton/prefix.py; at most 64 rows a step)."""
+    triangular ones (kernels/common/triton/prefix.py; at most 64 rows a step). segment_rows
+    (0: off): sequences longer than this many rows (a power of two, at least 64: whole
+    chunks) are scanned in segments of that many rows, each by its own programs, after a
+    pass that sums each segment."""
 
     max_BD: int = 64
     min_BD: int = 16
@@ -503,11 +506,14 @@ class PrepLaunch(KernelLaunch):
     min_programs: int = 512
     fwd_by_dot: bool = False
     bwd_by_dot: bool = False
+    segment_rows: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_pow2(self, "max_BD")
         _check_pow2(self, "min_BD")
+        if self.segment_rows and (self.segment_rows < 64 or self.segment_rows & (self.segment_rows - 1)):
+            raise ValueError(f"PrepLaunch.segment_rows must be 0 (off) or a power of two >= 64, got {self.segment_rows!r}")
 
 
 MEAN_FORMS = ("auto", "scan", "dots")  # LinGdnLaunch.mean_form

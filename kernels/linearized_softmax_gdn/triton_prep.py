@@ -23,6 +23,12 @@ m_t = S_t/t, the cotangent of S_t is r_t = (dm_t - dc_t) / t (+ dS_T at t = T), 
 walked from the last chunk to the first with an fp32 carry (the in-tile sums by tl.cumsum, or
 on the tensor cores in two bf16 parts under PrepLaunch.bwd_by_dot, for a 16-bit dx on a GPU).
 
+With PrepLaunch.segment_rows, a long sequence is cut into segments of that many rows, each
+walked by its own programs: a first kernel (`segment_sums`) sums each segment's rows (x
+forward, r backward), and each segment's scan starts from the sums of the segments before it
+(after it, backward). That reads x once more for T / segment_rows times the programs, where a
+few long sequences would otherwise leave most of the GPU idle.
+
 All sums, means and carries are fp32, key/value in the kernel dtype (fp16, bf16, fp32). fp64
 inputs use `running_mean_torch` (same formulas in torch, fp64 throughout; the Triton kernels
 stop at fp32).
@@ -53,22 +59,80 @@ def _load_carry(ptr, i_bh, o_d, m_d, D: tl.constexpr, BD: tl.constexpr, PRESENT:
 
 
 @triton.jit
+def _cotangent_rows(d_centred, d_mean, seq, i_t, i_d, count, T,
+                    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                    HAS_DC: tl.constexpr, HAS_DM: tl.constexpr):
+    """([BT, BD] r_t = (dm_t - dc_t) / t, [BT, BD] dc_t) in fp32 on rows i_t * BT ..; an
+    absent cotangent counts as zero, rows past T as zero."""
+    o_t = i_t * BT + tl.arange(0, BT)
+    b_inv_t = 1.0 / (count + 1 + o_t).to(tl.float32)
+    b_r = tl.zeros([BT, BD], dtype=tl.float32)
+    b_dc = tl.zeros([BT, BD], dtype=tl.float32)
+    if HAS_DC:
+        b_dc = load_tile(d_centred + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
+        b_r -= b_dc * b_inv_t[:, None]
+    if HAS_DM:
+        b_dm = load_tile(d_mean + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
+        b_r += b_dm * b_inv_t[:, None]
+    return b_r, b_dc
+
+
+@triton.jit
+def segment_sums_kernel(
+    x, d_centred, d_mean, sums, count, T, SEG_T,
+    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    ADJOINT: tl.constexpr, HAS_DC: tl.constexpr, HAS_DM: tl.constexpr,
+):
+    """sums: [B * H, NS, D] fp32, the sum over each segment of SEG_T rows (a multiple of BT) of
+    x's rows, or with ADJOINT of r_t (_cotangent_rows). Grid (cdiv(D, BD), B * H, NS)."""
+    i_d, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = (i_b.to(tl.int64) * T * H + i_h) * D
+    o_d = i_d * BD + tl.arange(0, BD)
+    b_acc = tl.zeros([BD], dtype=tl.float32)
+    n_tiles = SEG_T // BT
+    for j in range(n_tiles):
+        i_t = i_s * n_tiles + j
+        if ADJOINT:
+            b_rows, _ = _cotangent_rows(d_centred, d_mean, seq, i_t, i_d, count, T, H, D, BT, BD, HAS_DC, HAS_DM)
+        else:
+            b_rows = load_tile(x + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
+        b_acc += tl.sum(b_rows, axis=0)
+    tl.store(sums + (i_bh * tl.num_programs(2) + i_s).to(tl.int64) * D + o_d, b_acc, mask=o_d < D)
+
+
+@triton.jit
+def _segment_carry(sums, i_bh, o_d, m_d, first, last, D: tl.constexpr, BD: tl.constexpr):
+    """[BD]: the sum of segments first .. last - 1 of a [B * H, NS, D] segment_sums buffer."""
+    b_acc = tl.zeros([BD], dtype=tl.float32)
+    for i_p in range(first, last):
+        b_acc += tl.load(sums + (i_bh * tl.num_programs(2) + i_p).to(tl.int64) * D + o_d, mask=m_d, other=0.0)
+    return b_acc
+
+
+@triton.jit
 def running_mean_fwd_kernel(
-    x, s0, centred, enter, s_final, count, T, NC,
+    x, s0, centred, enter, s_final, seg_sums, count, T, NC, SEG_T,
     H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, CHUNK: tl.constexpr,
-    HAS_S0: tl.constexpr, STORE_ENTER: tl.constexpr, BY_DOT: tl.constexpr,
+    HAS_S0: tl.constexpr, STORE_ENTER: tl.constexpr, BY_DOT: tl.constexpr, SEGMENTED: tl.constexpr,
 ):
     """x, centred: [B, T, H, D]; s0, s_final: [B, H, D] fp32; enter: [B, H, NC, D] fp32, the
-    sum entering each CHUNK-row chunk (s0 plus every row before it). Grid (cdiv(D, BD), B*H).
-    BY_DOT: the in-tile sums by row_prefix_sums on the tensor cores (16-bit x)."""
-    i_d, i_bh = tl.program_id(0), tl.program_id(1)
+    sum entering each CHUNK-row chunk (s0 plus every row before it). Grid (cdiv(D, BD), B*H,
+    NS): segment i_s walks rows i_s * SEG_T .. (a multiple of BT and of CHUNK), starting, when
+    SEGMENTED, from seg_sums (segment_sums_kernel's) of the segments before it. BY_DOT: the
+    in-tile sums by row_prefix_sums on the tensor cores (16-bit x)."""
+    i_d, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     # element offset of row 0 of this sequence in a [B, T, H, D] tensor
     seq = (i_b.to(tl.int64) * T * H + i_h) * D
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     b_carry = _load_carry(s0, i_bh, o_d, m_d, D, BD, HAS_S0)
-    for i_t in range(tl.cdiv(T, BT)):
+    if SEGMENTED:
+        b_carry += _segment_carry(seg_sums, i_bh, o_d, m_d, 0, i_s, D, BD)
+    n_tiles = SEG_T // BT
+    for j in range(n_tiles):
+        i_t = i_s * n_tiles + j
         o_t = i_t * BT + tl.arange(0, BT)
         # 1/t at absolute positions; rows past T are masked out on store
         b_inv_t = 1.0 / (count + 1 + o_t).to(tl.float32)
@@ -81,46 +145,43 @@ def running_mean_fwd_kernel(
             m_open = ((o_t % CHUNK == 0) & (o_t < T))[:, None] & m_d[None, :]
             tl.store(p_enter, b_sum - b_x, mask=m_open)
         b_carry += tl.sum(b_x, axis=0)  # masked rows loaded as 0
-    tl.store(s_final + i_bh * D + o_d, b_carry, mask=m_d)
+    if i_s == tl.num_programs(2) - 1:  # the last segment's carry is the whole sum
+        tl.store(s_final + i_bh * D + o_d, b_carry, mask=m_d)
 
 
 @triton.jit
 def running_mean_bwd_kernel(
-    d_centred, d_mean, ds_final, dx, ds0, count, T,
+    d_centred, d_mean, ds_final, dx, ds0, seg_sums, count, T, SEG_T,
     H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
     HAS_DC: tl.constexpr, HAS_DM: tl.constexpr, HAS_DSF: tl.constexpr, HAS_S0: tl.constexpr,
-    BY_DOT: tl.constexpr,
+    BY_DOT: tl.constexpr, SEGMENTED: tl.constexpr,
 ):
     """Adjoint of running_mean_fwd_kernel. d_centred, d_mean, dx: [B, T, H, D] (any float
-    dtype; absent cotangents are flagged off); ds_final, ds0: [B, H, D] fp32. BY_DOT: the
-    in-tile suffix sums of the fp32 cotangents by row_prefix_sums on the tensor cores, for a
-    16-bit dx."""
-    i_d, i_bh = tl.program_id(0), tl.program_id(1)
+    dtype; absent cotangents are flagged off); ds_final, ds0: [B, H, D] fp32. Grid and
+    segments as the forward's, each segment starting, when SEGMENTED, from the r sums of the
+    segments after it. BY_DOT: the in-tile suffix sums of the fp32 cotangents by
+    row_prefix_sums on the tensor cores, for a 16-bit dx."""
+    i_d, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b.to(tl.int64) * T * H + i_h) * D
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     # carry = sum of r_s over the rows after this chunk, plus dS_T
     b_carry = _load_carry(ds_final, i_bh, o_d, m_d, D, BD, HAS_DSF)
-    n_t = tl.cdiv(T, BT)
-    for i in range(n_t):
-        i_t = n_t - 1 - i
-        o_t = i_t * BT + tl.arange(0, BT)
-        b_inv_t = 1.0 / (count + 1 + o_t).to(tl.float32)
-        b_r = tl.zeros([BT, BD], dtype=tl.float32)
-        if HAS_DC:
-            b_dc = load_tile(d_centred + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
-            b_r -= b_dc * b_inv_t[:, None]
-        if HAS_DM:
-            b_dm = load_tile(d_mean + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
-            b_r += b_dm * b_inv_t[:, None]
+    if SEGMENTED:
+        b_carry += _segment_carry(seg_sums, i_bh, o_d, m_d, i_s + 1, tl.num_programs(2), D, BD)
+    n_tiles = SEG_T // BT
+    for i in range(n_tiles):
+        i_t = i_s * n_tiles + n_tiles - 1 - i
+        b_r, b_dc = _cotangent_rows(d_centred, d_mean, seq, i_t, i_d, count, T, H, D, BT, BD, HAS_DC, HAS_DM)
         b_dx = row_prefix_sums(b_r, BT, BY_DOT, REVERSE=True) + b_carry[None, :]
         if HAS_DC:
             b_dx += b_dc
         store_tile(dx + seq, b_dx, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
         b_carry += tl.sum(b_r, axis=0)  # rows past T loaded as 0: they add nothing
     if HAS_S0:
-        tl.store(ds0 + i_bh * D + o_d, b_carry, mask=m_d)
+        if i_s == 0:  # the first segment's carry has every r
+            tl.store(ds0 + i_bh * D + o_d, b_carry, mask=m_d)
 
 
 def prep_launch() -> PrepLaunch:
@@ -128,16 +189,40 @@ def prep_launch() -> PrepLaunch:
     return settings("linearized_softmax_gdn").prep
 
 
-def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch, by_dot: bool) -> tuple[int, int]:
-    """(BT, BD): BD halved from cfg.max_BD while n_seq * cdiv(D, BD) programs are too few,
-    then BT = tile_elems / BD rows per step (at most T rounded up to a power of two, at
-    least 16, and at most DOT_ROWS when by_dot: the [BT, BT] matrix of ones stays in
-    registers)."""
+def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch, by_dot: bool) -> tuple[int, int, int, int]:
+    """(BT, BD, NS, SEG_T): NS segments of SEG_T rows (one segment of all the tiles unless
+    cfg.segment_rows splits T); BD halved from cfg.max_BD while n_seq * NS * cdiv(D, BD)
+    programs are too few, then BT = tile_elems / BD rows per step (at most T rounded up to a
+    power of two, at least 16, and at most DOT_ROWS when by_dot: the [BT, BT] matrix of ones
+    stays in registers); SEG_T the larger of segment_rows and BT (powers of two both)."""
+    split = bool(cfg.segment_rows) and T > cfg.segment_rows
+    ns = triton.cdiv(T, cfg.segment_rows) if split else 1
     bd = max(cfg.min_BD, min(cfg.max_BD, triton.next_power_of_2(D)))
-    while bd > cfg.min_BD and n_seq * triton.cdiv(D, bd) < cfg.min_programs:
+    while bd > cfg.min_BD and n_seq * ns * triton.cdiv(D, bd) < cfg.min_programs:
         bd //= 2
     bt = max(16, min(cfg.tile_elems // bd, triton.next_power_of_2(T)))
-    return (min(bt, DOT_ROWS) if by_dot else bt), bd
+    bt = min(bt, DOT_ROWS) if by_dot else bt
+    seg = max(cfg.segment_rows, bt) if split else triton.cdiv(T, bt) * bt
+    return bt, bd, triton.cdiv(T, seg), seg
+
+
+def segment_sums(x, d_centred, d_mean, count: int, shape: tuple, device, blocks: tuple, cfg: PrepLaunch,
+                 adjoint: bool) -> torch.Tensor | None:
+    """[B * H, NS, D] fp32 segment sums of x (forward) or of r (adjoint, from d_centred and
+    d_mean) for launch_blocks' `blocks`, or None with one segment."""
+    B, T, H, D = shape
+    bt, bd, ns, seg = blocks
+    if ns == 1:
+        return None
+    sums = new_buffer((B * H, ns, D), torch.float32, device)
+    stand_in = next(t for t in (x, d_centred, d_mean) if t is not None)
+    segment_sums_kernel[(triton.cdiv(D, bd), B * H, ns)](
+        x if x is not None else stand_in, d_centred if d_centred is not None else stand_in,
+        d_mean if d_mean is not None else stand_in, sums, count, T, SEG_T=seg, H=H, D=D, BT=bt, BD=bd,
+        ADJOINT=adjoint, HAS_DC=d_centred is not None, HAS_DM=d_mean is not None,
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+    )
+    return sums
 
 
 def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_enter: bool,
@@ -156,11 +241,15 @@ def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store
     s_final = new_buffer((B, H, D), torch.float32, x.device)
     cfg = cfg or prep_launch()
     by_dot = cfg.fwd_by_dot and x.element_size() == 2  # fp32 keys and values keep the scan
-    bt, bd = launch_blocks(B * H, D, T, cfg, by_dot)
-    running_mean_fwd_kernel[(triton.cdiv(D, bd), B * H)](
-        x, s0, centred, enter, s_final, count, T, NC, H=H, D=D, BT=bt, BD=bd, CHUNK=chunk,
-        HAS_S0=s0 is not None, STORE_ENTER=store_enter, BY_DOT=by_dot,
-        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+    blocks = launch_blocks(B * H, D, T, cfg, by_dot)
+    bt, bd, ns, seg = blocks
+    if ns > 1 and seg % chunk:  # each segment opens whole chunks: the entering sums are the segment's own
+        raise ValueError(f"running_mean_fwd: segments of {seg} rows are not whole chunks of {chunk}")
+    seg_sums = segment_sums(x, None, None, count, (B, T, H, D), x.device, blocks, cfg, adjoint=False)
+    running_mean_fwd_kernel[(triton.cdiv(D, bd), B * H, ns)](
+        x, s0, centred, enter, s_final, seg_sums if seg_sums is not None else s_final, count, T, NC, SEG_T=seg,
+        H=H, D=D, BT=bt, BD=bd, CHUNK=chunk, HAS_S0=s0 is not None, STORE_ENTER=store_enter, BY_DOT=by_dot,
+        SEGMENTED=seg_sums is not None, num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return centred, enter, s_final
 
@@ -179,11 +268,14 @@ def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has
     cfg = cfg or prep_launch()
     # an fp32 dx keeps the scan, and so does the interpreter, which cannot multiply the bf16 parts
     by_dot = cfg.bwd_by_dot and dx.element_size() == 2 and utils.bf16_products(dx.device)
-    bt, bd = launch_blocks(B * H, D, T, cfg, by_dot)
-    running_mean_bwd_kernel[(triton.cdiv(D, bd), B * H)](
-        d_centred, d_mean, ds_final, dx, ds0, count, T, H=H, D=D, BT=bt, BD=bd,
-        HAS_DC=d_centred is not None, HAS_DM=d_mean is not None,
-        HAS_DSF=ds_final is not None, HAS_S0=has_s0, BY_DOT=by_dot,
+    blocks = launch_blocks(B * H, D, T, cfg, by_dot)
+    bt, bd, ns, seg = blocks
+    seg_sums = (segment_sums(None, d_centred, d_mean, count, (B, T, H, D), device, blocks, cfg, adjoint=True)
+                if d_centred is not None or d_mean is not None else None)
+    running_mean_bwd_kernel[(triton.cdiv(D, bd), B * H, ns)](
+        d_centred, d_mean, ds_final, dx, ds0, seg_sums if seg_sums is not None else dx, count, T, SEG_T=seg,
+        H=H, D=D, BT=bt, BD=bd, HAS_DC=d_centred is not None, HAS_DM=d_mean is not None,
+        HAS_DSF=ds_final is not None, HAS_S0=has_s0, BY_DOT=by_dot, SEGMENTED=seg_sums is not None,
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dx, ds0

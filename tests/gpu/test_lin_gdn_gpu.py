@@ -126,12 +126,14 @@ def test_lin_gdn_bf16_T8192_matches_fp64_chunked(count, form):
     bf16_errors(pairs, case, lambda: measured_errors(public_op_pairs(count, form, torch.float16), f"{case}_fp16_twin"))
 
 
-@pytest.mark.parametrize("by_dot", [False, True], ids=["scans", "dots"])
-def test_lin_gdn_prep_bf16_T8192_matches_loop(by_dot):
+@pytest.mark.parametrize(("by_dot", "segment_rows"), [(False, 0), (True, 0), (True, 2048)],
+                         ids=["scans", "dots", "dots_segments"])
+def test_lin_gdn_prep_bf16_T8192_matches_loop(by_dot, segment_rows):
     """The preprocessing alone, from a state (count 37), every output (the entering sums of v
     for its running mean) and input gradient, against the per-token form written from the
     definitions (8192 steps of a loop in fp64); the in-tile sums by tl.cumsum or on the
-    tensor cores (PrepLaunch.fwd_by_dot, bwd_by_dot)."""
+    tensor cores (PrepLaunch.fwd_by_dot, bwd_by_dot), in one pass or in four segments
+    (PrepLaunch.segment_rows)."""
     import dataclasses
 
     from kernels.common.launch import settings
@@ -143,13 +145,14 @@ def test_lin_gdn_prep_bf16_T8192_matches_loop(by_dot):
     leaves = [leaves[1], leaves[2], leaves[4], leaves[5]]  # k, v, k_sum, v_sum
     utils.DEBUG.poison = True
     try:
-        cfg = dataclasses.replace(settings("linearized_softmax_gdn").prep, fwd_by_dot=by_dot, bwd_by_dot=by_dot)
+        cfg = dataclasses.replace(settings("linearized_softmax_gdn").prep, fwd_by_dot=by_dot, bwd_by_dot=by_dot,
+                                  segment_rows=segment_rows)
         out, grads, out_ref, grads_ref = run_prep(leaves, count, torch.bfloat16, cfg)
     finally:
         utils.DEBUG.poison = False
     names = (*PREP_NAMES, "dk", "dv", "dk_sum0", "dv_sum0")
     bf16_errors(dict(zip(names, zip((*out, *grads), (*out_ref, *grads_ref)))),
-                f"lin_gdn_prep_bf16_T{T}" + ("_dots" if by_dot else ""))
+                f"lin_gdn_prep_bf16_T{T}" + ("_dots" if by_dot else "") + (f"_segments{segment_rows}" if segment_rows else ""))
 
 
 @pytest.mark.parametrize("mean_form", ["scan", "dots"])

@@ -181,12 +181,15 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                        ("gdn", {"gated_delta_rule": {"seq": {"min_waves": 1}}}, both),
                        ("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "scan"}}, both),
                        ("deltanet", {"delta_rule": {"dqkw": {"dk_part_16bit": True}}}, bwd),
-                       ("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}}}, bwd)]
+                       ("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}}}, bwd),
+                       *[("lin_gdn", {"linearized_softmax_gdn": {"prep": {"segment_rows": rows}}}, both)
+                         for rows in (2048, 8192)]]
     # DeltaNet took both candidates as defaults once timed; GDN's runs are still to time
     delta, gated = as_dict(DEFAULTS["delta_rule"]), as_dict(DEFAULTS["gated_delta_rule"])
     assert delta["seq"]["min_waves"] == 1 and delta["dqkw"]["dk_part_16bit"]
     assert gated["seq"]["min_waves"] == 2 and not gated["dqkw"]["dk_part_16bit"]
     assert as_dict(DEFAULTS["linearized_softmax_gdn"])["mean_form"] == "auto"
+    assert as_dict(DEFAULTS["linearized_softmax_gdn"])["prep"]["segment_rows"] == 0
 
 
 def test_the_gpu_sweep_times_every_op_and_both_gla_gates():

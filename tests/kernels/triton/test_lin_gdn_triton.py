@@ -345,6 +345,39 @@ def test_prep_matches_loop(launch, bf16_dots, T, K, V, count, tile_elems, dtype,
     assert_prep_within(prep_errors(out, grads, out_ref, grads_ref), TOL[dtype], ROW_TOL[dtype])
 
 
+@pytest.mark.parametrize(("T", "K", "V", "count", "dtype", "by_dot", "segment_rows", "tile_elems"), [
+    (200, 16, 48, 5, torch.float32, False, 64, 1024),  # four segments of one 64-row tile, the last partial
+    (200, 16, 48, 0, torch.float16, True, 64, 8192),  # 64-row tiles on the tensor cores
+    (130, 32, 32, 3, torch.float16, False, 64, 256),  # 16-row tiles, four a segment
+    (300, 24, 40, 2, torch.float32, False, 128, 512),  # masked feature blocks, three segments
+    (64, 16, 16, 7, torch.float32, False, 64, 4096),  # T = segment_rows: one segment
+])
+def test_prep_in_segments_matches_loop(launch, bf16_dots, monkeypatch, T, K, V, count, dtype, by_dot,
+                                       segment_rows, tile_elems):
+    """PrepLaunch.segment_rows: the scans in segments, each starting from the sums of the
+    segments before it (after it, backward), against running_means_loop: outputs (the
+    entering sums of v across segment boundaries, the final sums from the last segment) and
+    gradients (ds0 from the first); the launches run the segments asked for."""
+    from tests.launch_util import LaunchSpy
+
+    grids = []
+    for name in ("running_mean_fwd_kernel", "running_mean_bwd_kernel", "segment_sums_kernel"):
+        monkeypatch.setattr(triton_prep, name, LaunchSpy(getattr(triton_prep, name),
+                                                         lambda kw, name=name: grids.append((name, kw["SEG_T"]))))
+    launch(linearized_softmax_gdn={"prep": {"tile_elems": tile_elems, "fwd_by_dot": by_dot, "bwd_by_dot": by_dot,
+                                            "segment_rows": segment_rows}})
+    leaves = prep_leaves(2, T, 2, K, V, count, seed=T + count + 1)
+    out, grads, out_ref, grads_ref = run_prep(leaves, count, dtype, settings("linearized_softmax_gdn").prep)
+    assert_prep_within(prep_errors(out, grads, out_ref, grads_ref), TOL[dtype], ROW_TOL[dtype])
+    split = T > segment_rows
+    assert {name for name, _ in grids} == {"running_mean_fwd_kernel", "running_mean_bwd_kernel",
+                                           *(["segment_sums_kernel"] if split else [])}
+    if split:
+        assert {seg for _, seg in grids} == {segment_rows}
+    with pytest.raises(ValueError, match="segment_rows must be 0"):
+        launch(linearized_softmax_gdn={"prep": {"segment_rows": 96}})
+
+
 @pytest.mark.parametrize(("count", "dt"), [(0, torch.float64), (7, torch.float64), (7, torch.float32)])
 def test_running_mean_torch_matches_loop(count, dt):
     """running_mean_torch (the preprocessing of fp64 inputs, cumulative sums) against
