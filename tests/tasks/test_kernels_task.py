@@ -183,7 +183,9 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                        ("deltanet", {"delta_rule": {"dqkw": {"dk_part_16bit": True}}}, bwd),
                        ("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}}}, bwd),
                        *[("lin_gdn", {"linearized_softmax_gdn": {"prep": {"segment_rows": rows}}}, both)
-                         for rows in (2048, 8192)]]
+                         for rows in (2048, 8192)],
+                       ("gdn", {"gated_delta_rule": {"state_bwd": {"few_program_stages": 3, "few_program_waves": 1}}},
+                        bwd)]
     # DeltaNet took both candidates as defaults once timed; GDN's runs are still to time
     delta, gated = as_dict(DEFAULTS["delta_rule"]), as_dict(DEFAULTS["gated_delta_rule"])
     assert delta["seq"]["min_waves"] == 1 and delta["dqkw"]["dk_part_16bit"]
