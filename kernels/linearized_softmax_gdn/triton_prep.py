@@ -206,10 +206,10 @@ def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch, by_dot: bool) -> 
     return bt, bd, triton.cdiv(T, seg), seg
 
 
-def segment_sums(x, d_centred, d_mean, count: int, shape: tuple, device, blocks: tuple, cfg: PrepLaunch,
-                 adjoint: bool) -> torch.Tensor | None:
-    """[B * H, NS, D] fp32 segment sums of x (forward) or of r (adjoint, from d_centred and
-    d_mean) for launch_blocks' `blocks`, or None with one segment."""
+def segment_sums(x, d_centred, d_mean, count: int, shape: tuple, device, blocks: tuple,
+                 cfg: PrepLaunch) -> torch.Tensor | None:
+    """[B * H, NS, D] fp32 segment sums of x (forward) or, with x None, of r (the adjoint, from
+    d_centred and d_mean) for launch_blocks' `blocks`, or None with one segment."""
     B, T, H, D = shape
     bt, bd, ns, seg = blocks
     if ns == 1:
@@ -219,7 +219,7 @@ def segment_sums(x, d_centred, d_mean, count: int, shape: tuple, device, blocks:
     segment_sums_kernel[(triton.cdiv(D, bd), B * H, ns)](
         x if x is not None else stand_in, d_centred if d_centred is not None else stand_in,
         d_mean if d_mean is not None else stand_in, sums, count, T, SEG_T=seg, H=H, D=D, BT=bt, BD=bd,
-        ADJOINT=adjoint, HAS_DC=d_centred is not None, HAS_DM=d_mean is not None,
+        ADJOINT=x is None, HAS_DC=d_centred is not None, HAS_DM=d_mean is not None,
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return sums
@@ -245,7 +245,7 @@ def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store
     bt, bd, ns, seg = blocks
     if ns > 1 and seg % chunk:  # each segment opens whole chunks: the entering sums are the segment's own
         raise ValueError(f"running_mean_fwd: segments of {seg} rows are not whole chunks of {chunk}")
-    seg_sums = segment_sums(x, None, None, count, (B, T, H, D), x.device, blocks, cfg, adjoint=False)
+    seg_sums = segment_sums(x, None, None, count, (B, T, H, D), x.device, blocks, cfg)
     running_mean_fwd_kernel[(triton.cdiv(D, bd), B * H, ns)](
         x, s0, centred, enter, s_final, seg_sums if seg_sums is not None else s_final, count, T, NC, SEG_T=seg,
         H=H, D=D, BT=bt, BD=bd, CHUNK=chunk, HAS_S0=s0 is not None, STORE_ENTER=store_enter, BY_DOT=by_dot,
@@ -270,7 +270,7 @@ def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has
     by_dot = cfg.bwd_by_dot and dx.element_size() == 2 and utils.bf16_products(dx.device)
     blocks = launch_blocks(B * H, D, T, cfg, by_dot)
     bt, bd, ns, seg = blocks
-    seg_sums = (segment_sums(None, d_centred, d_mean, count, (B, T, H, D), device, blocks, cfg, adjoint=True)
+    seg_sums = (segment_sums(None, d_centred, d_mean, count, (B, T, H, D), device, blocks, cfg)
                 if d_centred is not None or d_mean is not None else None)
     running_mean_bwd_kernel[(triton.cdiv(D, bd), B * H, ns)](
         d_centred, d_mean, ds_final, dx, ds0, seg_sums if seg_sums is not None else dx, count, T, SEG_T=seg,
