@@ -185,7 +185,11 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                        *[("lin_gdn", {"linearized_softmax_gdn": {"prep": {"segment_rows": rows}}}, both)
                          for rows in (2048, 8192)],
                        ("gdn", {"gated_delta_rule": {"state_bwd": {"few_program_stages": 3, "few_program_waves": 1}}},
-                        bwd)]
+                        bwd),
+                       *[("gla", {"gated_linear_attention": {"fwd_fused_scalar": fused}}, ["fwd"])
+                         for fused in ({"num_stages": 3}, {"BV": 128, "num_warps": 8}, {"num_warps": 8},
+                                       {"min_heads": 128}, {"min_heads": 512})]]
+    assert all(p.config["mixer"]["gate"] == "scalar" for p in plan.points if p.mixer == "gla")
     # DeltaNet took both candidates as defaults once timed; GDN's runs are still to time
     delta, gated = as_dict(DEFAULTS["delta_rule"]), as_dict(DEFAULTS["gated_delta_rule"])
     assert delta["seq"]["min_waves"] == 1 and delta["dqkw"]["dk_part_16bit"]
