@@ -27,6 +27,8 @@
 # COLD_S (0: off): first, benchmarks/cold_compile.py (each op's training-step kernels from an
 # empty Triton cache, per head dim, COLD_JOBS processes at once) into $OUT/cold_compile_h200.json.
 # FA4: with .fa4b carried (benchmarks/fa4_carry.sh), FlashAttention-4 is installed first.
+# Triton: with .triton carried (benchmarks/triton_carry.sh), that Triton runs instead of the image's
+# (FLA's gated backward needs >= 3.7.1 on Hopper).
 # FLA_WARM_S (0: off): first compile FLA's autotuned chunk_gla kernels in FLA_WARM_PROCS
 # parallel processes (benchmarks/fla_warm_compile.py) into the Triton cache .triton_cache/,
 # which a warm machine keeps between calls, so the sweep's FLA columns find them compiled.
@@ -63,6 +65,7 @@ if [ "${COLD_S:-0}" -gt 0 ]; then
     pack
 fi
 if [ -d .fa4b ]; then source benchmarks/fa4_carry.sh install >"$OUT/logs/fa4.log" 2>&1; tail -n 3 "$OUT/logs/fa4.log"; fi
+if [ -d .triton ]; then source benchmarks/triton_carry.sh install; fi
 if [ "${AB_S:-0}" -gt 0 ]; then
     ab_end=$(( $(date +%s) + $(limit "$AB_S") ))
     F=$OUT/logs/ab_public_ops.jsonl

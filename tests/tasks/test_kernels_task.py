@@ -222,3 +222,13 @@ def test_the_spill_sweep_changes_one_kernel_group_per_run():
         changes = p.config["launch"]["gated_delta_rule"]
         assert changes and all(name in default for name in changes)
         assert any(default[name][field] != value for name, fields in changes.items() for field, value in fields.items())
+
+
+def test_the_gated_sweep_times_gdn_and_scalar_gla_beside_fla():
+    from pathlib import Path
+
+    from harness.sweep import expand, load_sweep
+
+    plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-gpu-gated.yaml"), "cuda")
+    assert [(p.mixer, p.config["mixer"].get("gate")) for p in plan.points] == [("gdn", None), ("gla", "scalar")]
+    assert all(p.config["compare"] == ["fla"] and p.config["phases"] == ["fwd", "fwdbwd"] for p in plan.points)
