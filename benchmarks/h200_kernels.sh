@@ -65,7 +65,7 @@ if [ "${COLD_S:-0}" -gt 0 ]; then
     pack
 fi
 if [ -d .fa4b ]; then source benchmarks/fa4_carry.sh install >"$OUT/logs/fa4.log" 2>&1; tail -n 3 "$OUT/logs/fa4.log"; fi
-if [ -d .triton ]; then source benchmarks/triton_carry.sh install; fi
+if [ -d .triton ]; then source benchmarks/triton_carry.sh install || exit 1; fi
 if [ "${AB_S:-0}" -gt 0 ]; then
     ab_end=$(( $(date +%s) + $(limit "$AB_S") ))
     F=$OUT/logs/ab_public_ops.jsonl

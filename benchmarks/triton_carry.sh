@@ -40,6 +40,7 @@ install)
         image_bin=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin
         rm -rf "$TRITON_SITE" && mkdir -p "$TRITON_SITE" \
             && xz -dc "$packed" | tar xf - -C "$TRITON_SITE" \
+            && sed -i "/amd/d" "$TRITON_SITE"/triton-*.dist-info/entry_points.txt \
             && mkdir -p "$TRITON_SITE/triton/backends/nvidia/bin" \
             && cp "$image_bin"/* "$TRITON_SITE/triton/backends/nvidia/bin/" \
             && export PYTHONPATH="$TRITON_SITE:${PYTHONPATH:-.}" \
