@@ -57,12 +57,13 @@ def _short_device(name: str) -> str:
 
 def table(results: Path, device: str, heads: tuple[int, int], peer_name: str = "fla") -> str:
     """The markdown table of the newest records (module doc). Where its rows come from more than
-    one device, a last column names each row's device and commit."""
+    one device or Triton, a last column names each row's device and commit (and Triton)."""
     newest = _newest(results, device)
     if not newest:
         return f"no ok kernels records for device {device} under {results / 'runs'}"
     devices = sorted({r.device for r in newest.values()})
-    per_row = len(devices) > 1
+    tritons = {r.versions.get("triton") for r in newest.values()}
+    per_row = len(devices) > 1 or len(tritons) > 1
     lengths = sorted({T for r in newest.values() for (T, _, _) in _points(r, heads)})
     head = " / ".join(f"T={T // 1024}k" if T >= 1024 else f"T={T}" for T in lengths)
     lines = [f"| op | ours / peer | fwd {head} | fwd+bwd {head} | peer |" + (" record |" if per_row else ""),
@@ -76,7 +77,8 @@ def table(results: Path, device: str, heads: tuple[int, int], peer_name: str = "
         label = f"{rec.backend} / {'FLA' if peer == 'fla' else peer}" if why == "ok" else rec.backend
         row = f"| {name} | {label} | {cells[0]} | {cells[1]} | {'same process' if why == 'ok' else why} |"
         if per_row:
-            row += f" {_short_device(rec.device)}, {rec.git_commit[:7]} |"
+            triton = f", Triton {rec.versions.get('triton')}" if len(tritons) > 1 else ""
+            row += f" {_short_device(rec.device)}, {rec.git_commit[:7]}{triton} |"
         lines.append(row)
     commits = sorted({r.git_commit[:7] for r in newest.values()})
     versions = sorted({", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())

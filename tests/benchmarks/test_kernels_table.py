@@ -1,5 +1,5 @@
 """benchmarks.kernels_table: the table holds each op's default launch settings, not a variant's, and
-names each row's device where its rows come from several."""
+names each row's device (and Triton) where its rows come from several."""
 import time
 
 import torch
@@ -42,3 +42,18 @@ def test_rows_from_several_devices_name_theirs(tmp_path):
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:4]}
     assert rows["gated_delta_rule"].endswith(f" cpu: other model, {gdn.git_commit[:7]} |")
     assert rows["linear_attention"].endswith(f" {linear.device}, {linear.git_commit[:7]} |")
+
+
+def test_rows_from_several_tritons_name_theirs(tmp_path):
+    linear = _record(tmp_path)
+    gdn_cfg = resolve_config(Kernels, "tiny", None, ["backends=[torch]", "seq_lens=[16]", "phases=[fwd]"])
+    gdn, _ = execute(RunSpec("gdn", Kernels, "tiny", gdn_cfg, torch.device("cpu"), 0), tmp_path, Tracker(enabled=False))
+    heads = (linear.details["points"][0]["H"], linear.details["points"][0]["K"])
+    # the same gdn record, as if a carried Triton had run it (benchmarks/triton_carry.sh)
+    write_record(tmp_path, gdn.model_copy(update={"versions": {**gdn.versions, "triton": "9.9.9"}}))
+    lines = table(tmp_path, "cpu", heads, peer_name="torch").splitlines()
+    assert lines[0].endswith(" record |")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:4]}
+    assert rows["gated_delta_rule"].endswith(f" {gdn.device}, {gdn.git_commit[:7]}, Triton 9.9.9 |")
+    assert rows["linear_attention"].endswith(f", Triton {linear.versions.get('triton')} |")
+    assert "triton 9.9.9" in lines[-1]
