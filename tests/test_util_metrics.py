@@ -107,3 +107,22 @@ def test_rounding_verdict_tells_rounding_from_a_fault():
     assert rounding_verdict(0.046, 4e-4, 0.046 / ROUNDING_SHRINK) is None  # the edge passes
     assert "does not scale" in rounding_verdict(0.046, 4e-4, 0.046 / 2)
     assert "fails TOL" in rounding_verdict(0.95, 0.9, 0.95)  # a wrong kernel, wrong in both
+
+
+def test_fp32_peer_verdict_on_mesanets_strong_gate_gradient():
+    """The case that fp32_peer_verdict exists for: MesaNet's dg under strong gates at K = 128,
+    T = 130 has worst rows over ROW_TOL in the PyTorch chunked form itself (fp32, CPU), so a
+    Triton row of that size is the quantity's conditioning; five times the peer's is not."""
+    import torch
+
+    from tests.nan_cases import make_leaves, output_dtypes, outputs_and_grads
+    from tests.util import FP32_PEER_FACTOR, ROW_TOL, fp32_peer_verdict, row_err
+
+    leaves = make_leaves("mesa", 130, "strong", False, B=2, H=2, K=128, V=128)
+    peer = outputs_and_grads("mesa", leaves, torch.float32, "torch", cg_steps=100)
+    ref = outputs_and_grads("mesa", leaves, torch.float64, "reference", rounded_as=output_dtypes("mesa", peer))
+    peer_row = row_err(peer["dg"], ref["dg"])
+    assert peer_row > ROW_TOL[torch.float32]
+    assert fp32_peer_verdict(1.58e-5, peer_row) is None  # the H100's figure, 2026-12-07
+    assert fp32_peer_verdict(FP32_PEER_FACTOR * peer_row, peer_row) is None
+    assert "PyTorch backend" in fp32_peer_verdict(5 * peer_row, peer_row)

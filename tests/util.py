@@ -153,6 +153,22 @@ ROUNDING_SHRINK = 4.0
 # what a kernel exact to the last bit gives.
 ROUNDING_FLOOR_FACTOR = 2.0
 
+# An fp32 worst row over ROW_TOL on the GPU passes where the PyTorch backend (another
+# algorithm: the chunked form) on the same case in fp32 errs at least 1 / FP32_PEER_FACTOR as
+# much: the quantity's own conditioning in fp32 arithmetic, not the kernel. MesaNet's gate
+# gradient under strong gates at K = 128, T = 130: worst rows 1.54e-5 / 1.58e-5 on one H100,
+# where the PyTorch form measures 1.57e-5 to 1.75e-5 (CPU, seeds 0 and 2; 2026-12-07), while at
+# K = 16 (the interpreter's cases) both stay under 4.1e-6.
+FP32_PEER_FACTOR = 2.0
+
+
+def fp32_peer_verdict(row: float, peer_row: float) -> str | None:
+    """None when an fp32 worst row is within FP32_PEER_FACTOR of the PyTorch backend's on the
+    same case (peer_row), else why not."""
+    if row <= FP32_PEER_FACTOR * peer_row:
+        return None
+    return f"the PyTorch backend's worst row is {peer_row:.3e}, under 1/{FP32_PEER_FACTOR:g} of this one"
+
 
 def rounding_floor(ref: torch.Tensor, dtype: torch.dtype) -> float:
     """row_err of the reference rounded to `dtype` (the output's) against itself: the worst-row
