@@ -154,6 +154,15 @@ def _fused(**kw: Any) -> FusedForwardLaunch:
 
 
 @dataclasses.dataclass(frozen=True)
+class DqkLaunch(TileLaunch):
+    """The ungated / scalar-gate dq, dk (and dg) kernel (gated_linear_attention/triton_grad_qk.py).
+    fuse_dv: where one K-block holds the whole key width (K <= BK), the kernel forms dv as well,
+    from the q, k, dO and dS' tiles it loads anyway, and chunk_bwd_dv is not launched."""
+
+    fuse_dv: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class ChunkLaunch:
     """Launch settings of the chunk pipeline of linear_attention and gated_linear_attention
     (kernels/gated_linear_attention/triton_*.py). The fused forward and
@@ -179,7 +188,7 @@ class ChunkLaunch:
     # BV 128: one program per chunk computes the intra-chunk matrix once
     fwd_output: TileLaunch = TileLaunch(BK=64, BV=128, num_warps=4, num_stages=2)
     bwd_dv: TileLaunch = TileLaunch(BK=64, BV=128, num_warps=4, num_stages=2)
-    bwd_dqk: TileLaunch = TileLaunch(BK=64, BV=64, num_warps=4, num_stages=2)
+    bwd_dqk: DqkLaunch = DqkLaunch(BK=64, BV=64, num_warps=4, num_stages=2, fuse_dv=False)
     # the whole K in one tile; 8-row sub-chunks halve the exact path's element-wise work
     intra_A: IntraALaunch = IntraALaunch(BK=128, sub_chunk=8, num_warps=4, num_stages=1)
     bwd_dqkg: DqkgLaunch = DqkgLaunch(BK=64, BV=64, split_paths=True, sub_chunk=8, inter_after=False, num_warps=4,

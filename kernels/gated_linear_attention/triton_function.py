@@ -7,7 +7,7 @@ Forward:  gamma = chunk-local cumsum of g (log2 units)
           o     = (Q e^gamma) h + A V per chunk           (triton_output.py)
           or h and o in one sequential pass               (triton_fused_forward.py, K <= 128)
 Backward: dh    = gradients of the states leaving each chunk, dh0
-          dv    = A^T dO + (K e^{gamma_C - gamma}) dh
+          dv    = A^T dO + (K e^{gamma_C - gamma}) dh (in the dq/dk kernel with ChunkLaunch.bwd_dqk.fuse_dv)
           dq, dk, dg: triton_grad_qk.py (none/scalar gate) or triton_vector.py
 """
 
@@ -100,12 +100,13 @@ class ChunkGatedLinearAttentionFunction(torch.autograd.Function):
         BT = opts.chunk_size
         do = torch.zeros_like(v) if do is None else do.contiguous()
         dh, dh0 = chunk_bwd_states(q, do, gamma, gate, dht, ctx.has_h0, opts.scale, BT)
-        dv = chunk_bwd_dv(q, k, do, dh, gamma, gate, A, opts.scale, BT)
-        dg = None
         if gate == GATE_VECTOR:
+            dv = chunk_bwd_dv(q, k, do, dh, gamma, gate, A, opts.scale, BT)
             dq, dk, dg = gla_bwd_dqkg(q, k, v, do, h, dh, gamma, opts.scale, BT)
-        else:
-            dq, dk, dg = chunk_bwd_dqk(q, k, v, do, h, dh, gamma, gate, opts.scale, BT)
+        else:  # dv from the dq/dk kernel where it fuses (DqkLaunch.fuse_dv), else its own kernel
+            dq, dk, dg, dv = chunk_bwd_dqk(q, k, v, do, h, dh, gamma, gate, opts.scale, BT)
+            if dv is None:
+                dv = chunk_bwd_dv(q, k, do, dh, gamma, gate, A, opts.scale, BT)
         if dg is not None:
             dg = dg.to(ctx.g_dtype)
         return dq, dk, dv, dg, dh0, None

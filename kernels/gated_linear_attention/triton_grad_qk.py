@@ -20,6 +20,12 @@ of eps32 e^|g|. So the kernel sums only what does not cancel: with P = (dA ⊙ G
            + sum_{j < t} k_j . dk_j(inter) + e^{gamma_C} <S, dS'>,
 the same sum term by term, each part as small as the decays in it. Each K-block program
 writes its share of dg; the shares are summed.
+
+With DqkLaunch.fuse_dv, where one K-block spans the whole key width, the kernel also forms
+    dv = A^T dO + (K ⊙ e^{gamma_C - gamma}) dS',  A = scale (Q K^T ⊙ Gamma) (causal),
+V-block by V-block from the dO and dS' tiles its V loop loads anyway, exactly as
+triton_output.chunk_bwd_dv does (the same products, the decay applied to the fp32 result),
+so that kernel, which reads q, k, dO and dS' again, is not launched.
 """
 
 from __future__ import annotations
@@ -35,10 +41,10 @@ from kernels.common.triton.utils import block_size, chunk_launch, dot_precision,
 
 @triton.jit
 def chunk_bwd_dqk_kernel(
-    q, k, v, gamma, h, do, dh, dq, dk, dg, scale, T, NT, dg_stride,
+    q, k, v, gamma, h, do, dh, dq, dk, dg, dv, scale, T, NT, dg_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GATE: tl.constexpr, DOT_PREC: tl.constexpr,
+    GATE: tl.constexpr, FUSE_DV: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -51,6 +57,16 @@ def chunk_bwd_dqk_kernel(
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     b_hdh = tl.zeros([BV, BK], dtype=tl.float32)  # S ⊙ dS' summed over V-blocks (scalar gate)
+    if FUSE_DV:  # A^T and the decayed keys of dv, before the V loop that uses them
+        b_kf = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK)
+        b_At = tl.dot(b_kf, tl.trans(load_tile(q + seq * K, t0, 0, T, K, H * K, BT, BK)), input_precision=DOT_PREC)
+        m_causal_t = o_i[:, None] <= o_i[None, :]  # key j <= query i
+        if GATE == 1:
+            b_gv = load_gamma_rows(gamma + seq, t0, T, H, BT)
+            b_decay_v = tl.exp2(tl.load(gamma + seq + (tl.minimum(t0 + BT, T) - 1) * H) - b_gv)
+            b_At *= tl.exp2(tl.where(m_causal_t, b_gv[None, :] - b_gv[:, None], float("-inf"))) * scale
+        else:
+            b_At = tl.where(m_causal_t, b_At, 0.0) * scale
     for i_v in range(tl.cdiv(V, BV)):
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
         b_do = load_tile(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
@@ -62,6 +78,12 @@ def chunk_bwd_dqk_kernel(
         b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
         if GATE == 1:
             b_hdh += b_ht.to(tl.float32) * b_dht.to(tl.float32)
+        if FUSE_DV:
+            b_dv = tl.dot(b_kf, tl.trans(b_dht), input_precision=DOT_PREC)
+            if GATE == 1:
+                b_dv *= b_decay_v[:, None]
+            b_dv += tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
+            store_tile(dv + seq * V, b_dv, t0, i_v * BV, T, V, H * V, BT, BV)
     b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
     b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
     m_causal = o_i[:, None] >= o_i[None, :]
@@ -89,17 +111,26 @@ def chunk_bwd_dqk_kernel(
         tl.store(dg + i_k.to(tl.int64) * dg_stride + seq + (t0 + o_i) * H, b_dg, mask=m_t)
 
 
+def dv_fused(K: int, gate: int) -> bool:
+    """Whether chunk_bwd_dqk forms dv too for key width K under the launch settings in effect
+    (DqkLaunch.fuse_dv, and one K-block of at most BK keys spans K)."""
+    cfg = chunk_launch(gate).bwd_dqk
+    return cfg.fuse_dv and block_size(K, cfg.BK) >= K
+
+
 def chunk_bwd_dqk(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
     h: torch.Tensor, dh: torch.Tensor, gamma: torch.Tensor | None, gate: int,
     scale: float, chunk_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Gradients of q, k and (scalar gate) of the natural-log gate g.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of q, k, (scalar gate) of the natural-log gate g and, where dv_fused holds,
+    of v.
 
     q, k: [B, T, H, K]; v, do: [B, T, H, V]; h: [B, H, NT, K, V] states entering each chunk;
     dh: [B, H, NT, K, V] gradients of the states leaving each chunk (the last one: dh_T);
-    gamma: [B, T, H] fp32 log2 cumulative gates or None. Returns dq, dk in q's dtype and
-    dg: [B, T, H] fp32 for a scalar gate, else None.
+    gamma: [B, T, H] fp32 log2 cumulative gates or None. Returns dq, dk in q's dtype,
+    dg: [B, T, H] fp32 for a scalar gate, else None, and dv [B, T, H, V] in do's dtype where
+    dv_fused(K, gate), else None (chunk_bwd_dv forms it then).
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -107,15 +138,18 @@ def chunk_bwd_dqk(
     cfg = chunk_launch(gate).bwd_dqk
     BK, BV = block_size(K, cfg.BK), block_size(V, cfg.BV)
     NK = triton.cdiv(K, BK)
+    fuse_dv = dv_fused(K, gate)
     dq = new_buffer((B, T, H, K), q.dtype, q.device)
     dk = new_buffer((B, T, H, K), k.dtype, k.device)
     dg = new_buffer((NK, B, T, H), torch.float32, q.device) if gate == GATE_SCALAR else None
+    dv = new_buffer((B, T, H, V), do.dtype, do.device) if fuse_dv else None
     grid = (NK, NT, B * H)
     chunk_bwd_dqk_kernel[grid](
         q, k, v, gamma if gamma is not None else q, h, do, dh, dq, dk, dg if dg is not None else dq,
-        scale, T, NT, B * T * H, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate,
-        DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        dv if dv is not None else dq, scale, T, NT, B * T * H, H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
+        GATE=gate, FUSE_DV=fuse_dv, DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps),
+        num_stages=cfg.num_stages,
     )
     if dg is not None:
         dg = dg[0] if NK == 1 else dg.sum(0)
-    return dq, dk, dg
+    return dq, dk, dg, dv

@@ -188,7 +188,13 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                         bwd),
                        *[("gla", {"gated_linear_attention": {"fwd_fused_scalar": fused}}, ["fwd"])
                          for fused in ({"num_stages": 3}, {"BV": 128, "num_warps": 8}, {"num_warps": 8},
-                                       {"min_heads": 128}, {"min_heads": 512})]]
+                                       {"min_heads": 128}, {"min_heads": 512})],
+                       *[("gla", {"gated_linear_attention": {"bwd_dqk": dqk}}, bwd)
+                         for dqk in ({"fuse_dv": True}, {"fuse_dv": True, "BK": 128})],
+                       *[("gdn", {"gated_delta_rule": {"dqkw": {"BV": 128, "dk_part_16bit": True}, "seq": {"min_waves": 1},
+                                                       "state_bwd": {"few_program_stages": 3, "few_program_waves": 1,
+                                                                     "max_K": max_K}}}, both)
+                         for max_K in (64, 256)]]
     assert all(p.config["mixer"]["gate"] == "scalar" for p in plan.points if p.mixer == "gla")
     # DeltaNet took both candidates as defaults once timed; GDN's runs are still to time
     delta, gated = as_dict(DEFAULTS["delta_rule"]), as_dict(DEFAULTS["gated_delta_rule"])
@@ -196,6 +202,7 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     assert gated["seq"]["min_waves"] == 2 and not gated["dqkw"]["dk_part_16bit"]
     assert as_dict(DEFAULTS["linearized_softmax_gdn"])["mean_form"] == "auto"
     assert as_dict(DEFAULTS["linearized_softmax_gdn"])["prep"]["segment_rows"] == 0
+    assert not as_dict(DEFAULTS["gated_linear_attention"])["bwd_dqk"]["fuse_dv"]
 
 
 def test_the_gpu_sweep_times_every_op_and_both_gla_gates():

@@ -347,3 +347,47 @@ def test_inference_forward_keeps_no_states(monkeypatch, gate):
     assert stored == [True, False, False]
     for o, ht in ((o2, ht2), (o3, ht3)):
         assert torch.equal(o, o1.detach()) and torch.equal(ht, ht1.detach())
+
+
+def dv_kernel_calls(monkeypatch) -> list[int]:
+    """A list that grows by one at each chunk_bwd_dv launch of the Triton backward."""
+    from kernels.gated_linear_attention import triton_function
+
+    calls: list[int] = []
+    dv = triton_function.chunk_bwd_dv
+    monkeypatch.setattr(triton_function, "chunk_bwd_dv", lambda *a, **kw: calls.append(1) or dv(*a, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("op, vector, dtype, shape, BV, gate_scale", [
+    ("gla", False, torch.float32, (2, 100, 1, 32, 32), 16, 1.0),   # two V-blocks, a partial chunk
+    ("gla", False, torch.float32, (1, 1, 2, 16, 16), 16, 1.0),     # one token
+    ("gla", False, torch.float16, (1, 100, 1, 32, 16), 64, 1.0),
+    ("gla", False, torch.float32, (1, 80, 1, 16, 16), 16, 20.0),   # gates to -40 a token
+    ("linear", False, torch.float32, (1, 130, 2, 20, 24), 16, 1.0),  # K, V not powers of two
+    ("linear", False, torch.float16, (1, 100, 2, 32, 16), 64, 1.0),
+])
+def test_dv_fused_into_the_dqk_kernel(compare, launch, monkeypatch, op, vector, dtype, shape, BV, gate_scale):
+    """ChunkLaunch.bwd_dqk.fuse_dv: dv formed in the dq/dk kernel (chunk_bwd_dv not launched),
+    against the per-token reference, for the scalar gate and the ungated op."""
+    from kernels.linear_attention import linear_attention
+
+    name = "gated_linear_attention" if op == "gla" else "linear_attention"
+    launch(**{name: {"bwd_dqk": {"fuse_dv": True, "BK": 64, "BV": BV}}})
+    calls = dv_kernel_calls(monkeypatch)
+    tensors, h0 = make_inputs(*shape, dtype, vector, gate_scale=gate_scale, seed=sum(shape))
+    if op == "linear":
+        del tensors["g"]
+    tol = TRITON_DECAY_TOL if gate_scale > 1 else TOL[dtype]
+    compare(gated_linear_attention if op == "gla" else linear_attention, tensors, h0, tol)
+    assert calls == []
+
+
+def test_dv_not_fused_where_keys_span_several_blocks(compare, launch, monkeypatch):
+    """With fuse_dv on but K over the dq/dk kernel's BK (K = 32 in blocks of 16), dv needs every
+    key block's share of A: chunk_bwd_dv forms it, once."""
+    launch(gated_linear_attention={"bwd_dqk": {"fuse_dv": True, "BK": 16}})
+    calls = dv_kernel_calls(monkeypatch)
+    tensors, h0 = make_inputs(1, 70, 1, 32, 16, torch.float32, vector=False, seed=5)
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+    assert calls == [1]
