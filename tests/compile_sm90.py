@@ -206,8 +206,8 @@ def run_ops() -> None:
         ("one backward launch, 16-row sub-chunks", {gla: {"bwd_dqkg": {"split_paths": False, "sub_chunk": 16}}},
          ["gated_linear_attention[vector]"]),
         ("vector segments", {gla: {"fwd_fused_vector": {"segment_programs": 1056}}}, ["gated_linear_attention[vector]"]),
-        ("dv in the dq/dk kernel (one 128-key block)",
-         {op: {"bwd_dqk": {"fuse_dv": True, "BK": 128}} for op in (gla, "linear_attention")},
+        ("dv in the dq/dk kernel (one 128-key block, 8 warps)",
+         {op: {"bwd_dqk": {"fuse_dv": True, "BK": 128, "num_warps": 8}} for op in (gla, "linear_attention")},
          ["gated_linear_attention[scalar]", "linear_attention"]),
         ("16-row sub-chunks (forward)", {gla: {"intra_A": {"sub_chunk": 16}}}, ["gated_linear_attention[vector]"]),
         *[(f"{entry} inter_after", {gla: {entry: {"inter_after": True}}}, ["gated_linear_attention[vector]"])

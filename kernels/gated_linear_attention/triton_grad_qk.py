@@ -23,9 +23,14 @@ writes its share of dg; the shares are summed.
 
 With DqkLaunch.fuse_dv, where one K-block spans the whole key width, the kernel also forms
     dv = A^T dO + (K ⊙ e^{gamma_C - gamma}) dS',  A = scale (Q K^T ⊙ Gamma) (causal),
-V-block by V-block from the dO and dS' tiles its V loop loads anyway, exactly as
-triton_output.chunk_bwd_dv does (the same products, the decay applied to the fp32 result),
-so that kernel, which reads q, k, dO and dS' again, is not launched.
+in a second pass over V after dq and dk are stored, from the q and k tiles it holds (the dO
+and dS' tiles again, as the first pass has just read them), exactly as
+triton_output.chunk_bwd_dv does (the same products, the decay applied to the fp32 result):
+that kernel, which reads q, k, dO and dS' once more, is not launched. Spill stack of the
+kernel (sm_90 screen, Triton 3.9, `python tests/compile_sm90.py --resources`), unfused 240 B
+at K = 64, 4 warps: dv in a second pass 656 B at 4 warps and 144 at 8 (K = 128 in one
+128-key block: 1,864 / 256), dv inside the first pass 600 / 240 (1,968 / 864); hence the
+second pass, and 8 warps where it fuses.
 """
 
 from __future__ import annotations
@@ -57,16 +62,6 @@ def chunk_bwd_dqk_kernel(
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     b_hdh = tl.zeros([BV, BK], dtype=tl.float32)  # S ⊙ dS' summed over V-blocks (scalar gate)
-    if FUSE_DV:  # A^T and the decayed keys of dv, before the V loop that uses them
-        b_kf = load_tile(k + seq * K, t0, 0, T, K, H * K, BT, BK)
-        b_At = tl.dot(b_kf, tl.trans(load_tile(q + seq * K, t0, 0, T, K, H * K, BT, BK)), input_precision=DOT_PREC)
-        m_causal_t = o_i[:, None] <= o_i[None, :]  # key j <= query i
-        if GATE == 1:
-            b_gv = load_gamma_rows(gamma + seq, t0, T, H, BT)
-            b_decay_v = tl.exp2(tl.load(gamma + seq + (tl.minimum(t0 + BT, T) - 1) * H) - b_gv)
-            b_At *= tl.exp2(tl.where(m_causal_t, b_gv[None, :] - b_gv[:, None], float("-inf"))) * scale
-        else:
-            b_At = tl.where(m_causal_t, b_At, 0.0) * scale
     for i_v in range(tl.cdiv(V, BV)):
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
         b_do = load_tile(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
@@ -78,12 +73,6 @@ def chunk_bwd_dqk_kernel(
         b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
         if GATE == 1:
             b_hdh += b_ht.to(tl.float32) * b_dht.to(tl.float32)
-        if FUSE_DV:
-            b_dv = tl.dot(b_kf, tl.trans(b_dht), input_precision=DOT_PREC)
-            if GATE == 1:
-                b_dv *= b_decay_v[:, None]
-            b_dv += tl.dot(b_At.to(b_do.dtype), b_do, input_precision=DOT_PREC)
-            store_tile(dv + seq * V, b_dv, t0, i_v * BV, T, V, H * V, BT, BV)
     b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
     b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
     m_causal = o_i[:, None] >= o_i[None, :]
@@ -109,6 +98,24 @@ def chunk_bwd_dqk_kernel(
         b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + sum_before(b_kdk_inter) + b_after
         # one share per K-block: dg is [NK, B, T, H]
         tl.store(dg + i_k.to(tl.int64) * dg_stride + seq + (t0 + o_i) * H, b_dg, mask=m_t)
+    if FUSE_DV:  # one K-block (i_k = 0): b_q, b_k hold every key column
+        b_At = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)  # [key j, query i]
+        m_causal_t = o_i[:, None] <= o_i[None, :]
+        if GATE == 1:
+            b_At *= tl.exp2(tl.where(m_causal_t, b_g[None, :] - b_g[:, None], float("-inf"))) * scale
+            b_decay_v = tl.exp2(b_glast - b_g)
+        else:
+            b_At = tl.where(m_causal_t, b_At, 0.0) * scale
+        b_At = b_At.to(b_k.dtype)  # the dtype its product takes, once rather than per V-block
+        # dq, dk and dA are spent: this second pass over V holds only q, k, A^T and one dv tile
+        for i_v in range(tl.cdiv(V, BV)):
+            b_do = load_tile(do + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
+            b_dh = load_tile(dh + state, 0, i_v * BV, K, V, V, BK, BV).to(b_k.dtype)
+            b_dv = tl.dot(b_k, b_dh, input_precision=DOT_PREC)
+            if GATE == 1:
+                b_dv *= b_decay_v[:, None]
+            b_dv += tl.dot(b_At, b_do, input_precision=DOT_PREC)
+            store_tile(dv + seq * V, b_dv, t0, i_v * BV, T, V, H * V, BT, BV)
 
 
 def dv_fused(K: int, gate: int) -> bool:

@@ -214,11 +214,12 @@ def test_bf16_vector_one_launch_16_rows(gate_kind):
         assert_each(errors_in(torch.bfloat16), TOL[torch.bfloat16], ROW_TOL[torch.bfloat16], lambda: errors_in(torch.float16))
 
 
-@pytest.mark.parametrize("K, BK", [(64, 64), (128, 128)])
+@pytest.mark.parametrize("K, BK, warps", [(64, 64, 4), (64, 128, 8), (128, 128, 8)])
 @pytest.mark.parametrize("gate, gate_kind", [("none", "-"), ("scalar", "near0"), ("scalar", "strong")])
-def test_bf16_dv_fused_into_dqk(monkeypatch, gate, gate_kind, K, BK):
+def test_bf16_dv_fused_into_dqk(monkeypatch, gate, gate_kind, K, BK, warps):
     """dv formed in the dq/dk kernel (ChunkLaunch.bwd_dqk.fuse_dv, one key block of BK spanning
-    K): chunk_bwd_dv must not run, and every gradient holds its bounds at T = 8,192, bf16."""
+    K; the candidates' warps): chunk_bwd_dv must not run, and every gradient holds its bounds at
+    T = 8,192, bf16."""
     from kernels.common.launch import launch_settings
     from kernels.gated_linear_attention import triton_function
     from tests.launch_util import CHUNK_OPS, each
@@ -231,6 +232,6 @@ def test_bf16_dv_fused_into_dqk(monkeypatch, gate, gate_kind, K, BK):
         tensors, h0 = make_inputs(2, 8192, 2, K, 128, dtype, gate, gate_kind, seed=K + len(gate_kind))
         return check_against_fp64(tensors, h0, label=f"{dtype_name(dtype)} dv fused T=8192 K={K} gate={gate}/{gate_kind}")
 
-    with launch_settings(**each(CHUNK_OPS, {"bwd_dqk": {"fuse_dv": True, "BK": BK}})):
+    with launch_settings(**each(CHUNK_OPS, {"bwd_dqk": {"fuse_dv": True, "BK": BK, "num_warps": warps}})):
         assert_each(errors_in(torch.bfloat16), TOL[torch.bfloat16], ROW_TOL[torch.bfloat16], lambda: errors_in(torch.float16))
     assert calls == []

@@ -190,8 +190,8 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                          for fused in ({"num_stages": 3}, {"BV": 128, "num_warps": 8}, {"num_warps": 8},
                                        {"min_heads": 128}, {"min_heads": 512})],
                        *[("gla", {"gated_linear_attention": {"bwd_dqk": dqk}}, bwd)
-                         for dqk in ({"fuse_dv": True}, {"fuse_dv": True, "BK": 128})],
-                       *[("gdn", {"gated_delta_rule": {"dqkw": {"BV": 128, "dk_part_16bit": True}, "seq": {"min_waves": 1},
+                         for dqk in ({"fuse_dv": True}, {"fuse_dv": True, "BK": 128, "num_warps": 8})],
+                       *[("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}, "seq": {"min_waves": 1},
                                                        "state_bwd": {"few_program_stages": 3, "few_program_waves": 1,
                                                                      "max_K": max_K}}}, both)
                          for max_K in (64, 256)]]
