@@ -157,7 +157,8 @@ def _fused(**kw: Any) -> FusedForwardLaunch:
 class DqkLaunch(TileLaunch):
     """The ungated / scalar-gate dq, dk (and dg) kernel (gated_linear_attention/triton_grad_qk.py).
     fuse_dv: where one K-block holds the whole key width (K <= BK), the kernel forms dv as well,
-    from the q, k, dO and dS' tiles it loads anyway, and chunk_bwd_dv is not launched."""
+    from the q and k tiles it holds, in a second pass over dO and dS', and chunk_bwd_dv is not
+    launched."""
 
     fuse_dv: bool = False
 
