@@ -103,11 +103,24 @@ class FusedForwardLaunch(SequentialLaunch):
     (kernels/gated_linear_attention/triton_fused_forward.py), used when enabled, K <= 128 and
     B * H >= min_heads; below min_heads, segment_programs > 0 cuts each sequence into
     segments run in parallel until about that many programs run (0: the two-kernel
-    forward there)."""
+    forward there). narrow_num_stages (0: num_stages) is the pipeline depth at head dims up to
+    narrow_max_K."""
 
     enabled: bool = True
     min_heads: int = 64
     segment_programs: int = 0
+    narrow_num_stages: int = 0
+    narrow_max_K: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.narrow_num_stages < 0:
+            raise ValueError(f"FusedForwardLaunch.narrow_num_stages must be >= 0 (0: num_stages), "
+                             f"got {self.narrow_num_stages!r}")
+
+    def stages_for(self, K: int) -> int:
+        """num_stages at key width K: narrow_num_stages up to narrow_max_K where it is set (> 0)."""
+        return self.narrow_num_stages if self.narrow_num_stages and K <= self.narrow_max_K else self.num_stages
 
 
 @dataclasses.dataclass(frozen=True)

@@ -192,6 +192,21 @@ def test_bf16_fused_forward(monkeypatch, gate, segments):
         assert_each(errors_in(torch.bfloat16), TOL[torch.bfloat16], ROW_TOL[torch.bfloat16], lambda: errors_in(torch.float16))
 
 
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_bf16_fused_forward_three_stages_at_k64(gate):
+    """The fused forward at three pipeline stages at K = 64 (FusedForwardLaunch.narrow_num_stages,
+    the form timed faster there: records 20261207T054910), forced on at B * H = 4."""
+    from kernels.common.launch import launch_settings
+    from tests.launch_util import CHUNK_OPS, each, fused_forward_changes
+
+    def errors_in(dtype):
+        tensors, h0 = make_inputs(2, 8192, 2, 64, 128, dtype, gate, "near0", seed=64)
+        return check_against_fp64(tensors, h0, label=f"{dtype_name(dtype)} fused 3 stages T=8192 K=64 gate={gate}")
+
+    with launch_settings(**each(CHUNK_OPS, fused_forward_changes(min_heads=1, narrow_num_stages=3))):
+        assert_each(errors_in(torch.bfloat16), TOL[torch.bfloat16], ROW_TOL[torch.bfloat16], lambda: errors_in(torch.float16))
+
+
 @pytest.mark.parametrize("gate", ["scalar", "vector"])
 def test_fp16_and_large_head_dims(gate):
     tensors, h0 = make_inputs(1, 1500, 2, 256, 256, torch.float16, gate, "near0", seed=3)

@@ -279,3 +279,22 @@ def test_a_bad_fp32_dots_is_refused():
     with pytest.raises(ValueError, match=r"fp32_dots must be one of \['ieee', 'tf32x3'\], got 'tf32'"):
         with launch.launch_settings(gated_delta_rule={"dqkw": {"fp32_dots": "tf32"}}):
             pass
+
+
+def test_fused_forward_stages_follow_the_key_width(monkeypatch):
+    """FusedForwardLaunch.narrow_num_stages: the fused linear/GLA forward launches with it at
+    head dims up to narrow_max_K and with num_stages above; 0 (the default) keeps num_stages;
+    a negative value is refused, naming the field."""
+    from kernels.gated_linear_attention import triton_fused_forward as fused
+
+    seen = []
+    monkeypatch.setattr(fused, "chunk_fwd_fused_kernel",
+                        LaunchSpy(fused.chunk_fwd_fused_kernel, lambda kw: seen.append(kw["num_stages"])))
+    every = {"enabled": True, "min_heads": 1, "num_stages": 2}
+    for K, narrow, expected in ((16, 3, 3), (64, 3, 3), (65, 3, 2), (16, 0, 2)):
+        q, k, v, g, _ = _gdn_inputs(T=40, K=K)
+        with launch.launch_settings(gated_linear_attention={"fwd_fused_scalar": {**every, "narrow_num_stages": narrow}}):
+            gated_linear_attention(q, k, v, g, backend="triton")
+        assert seen[-1] == expected, (K, narrow, seen)
+    with pytest.raises(ValueError, match="narrow_num_stages must be >= 0"):
+        launch.FusedForwardLaunch(narrow_num_stages=-1)
