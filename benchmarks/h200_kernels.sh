@@ -45,8 +45,8 @@ export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1
 export GPU_ERRORS_JSON="$OUT/gpu_errors.json"
 # earlier records carried in (results/runs/kernels) count as done, so a cut sweep resumes; a
 # record is matched by its config, not its commit: FRESH=1 times again what the tree has
-# changed (the committed records are not carried in)
-if [ "${FRESH:-0}" = 0 ] && [ -d results/runs/kernels ]; then
+# changed (the committed records are not carried in); with SWEEPS=none nothing is carried in
+if [ "${FRESH:-0}" = 0 ] && [ "${SWEEPS:-}" != none ] && [ -d results/runs/kernels ]; then
     mkdir -p "$OUT/results/runs" && cp -r results/runs/kernels "$OUT/results/runs/"
 fi
 
