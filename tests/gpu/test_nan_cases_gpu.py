@@ -23,6 +23,8 @@ written there under each case's label.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -53,40 +55,37 @@ MESA_TWIN = {"prec": "ieee", "cg_prec": "ieee", "fwd_solve": {"operands": "fp32"
 
 
 def measure_case(op: str, gates: str | None, T: int, with_state: bool, dtype: torch.dtype,
-                 label: str) -> tuple[dict, dict]:
-    """The Triton op and the fp64 recurrence on one case: ({name: (rel_err, row_err)}, the
-    quantities over a bound (tests/nan_cases.py over_bounds)); records the errors under `label`."""
+                 label: str, backend: str = "triton") -> tuple[dict, dict]:
+    """The op on `backend` ("triton" or "torch") and the fp64 recurrence on one case:
+    ({name: (rel_err, row_err)}, the quantities over a bound (tests/nan_cases.py over_bounds));
+    records the errors under `label`."""
     from kernels.common.triton import utils
 
     leaves = make_leaves(op, T, gates, with_state, **SHAPE)
     # the reference gets the inputs the kernels get: q, k, v rounded to the case's dtype
     leaves = {n: t.to(dtype).float() if n in ("q", "k", "v") else t for n, t in leaves.items()}
     options = {"cg_steps": 100 if dtype == torch.float32 else 30} if op == "mesa" else {}
-    utils.DEBUG.poison = True
+    triton = backend == "triton"
+    utils.DEBUG.poison = triton
     try:
-        with triton_ran(OPS[op][0]):
-            ours = outputs_and_grads(op, leaves, dtype, "triton", device=DEVICE, **options)
+        with triton_ran(OPS[op][0]) if triton else contextlib.nullcontext():
+            ours = outputs_and_grads(op, leaves, dtype, backend, device=DEVICE, **options)
     finally:
         utils.DEBUG.poison = False
     ref = outputs_and_grads(op, leaves, torch.float64, "reference", device=DEVICE,
                             rounded_as=output_dtypes(op, ours))
-    errors, bad = over_bounds(op, gates, ours, ref, "triton", dtype)
+    errors, bad = over_bounds(op, gates, ours, ref, backend, dtype)
     record_gpu_errors(label, {f"{n} {metric}": e for n, pair in errors.items()
                               for metric, e in zip(("rel", "row"), pair)})
     return errors, bad
 
 
-def measure_peer(op: str, gates: str | None, T: int, with_state: bool, label: str) -> dict:
-    """The PyTorch backend's errors against the fp64 recurrence on one fp32 case, on the GPU:
-    {name: (rel_err, row_err)}, recorded under `label`."""
-    leaves = make_leaves(op, T, gates, with_state, **SHAPE)
-    options = {"cg_steps": 100} if op == "mesa" else {}
-    peer = outputs_and_grads(op, leaves, torch.float32, "torch", device=DEVICE, **options)
-    ref = outputs_and_grads(op, leaves, torch.float64, "reference", device=DEVICE, rounded_as=output_dtypes(op, peer))
-    errors, _ = over_bounds(op, gates, peer, ref, "torch", torch.float32)
-    record_gpu_errors(label, {f"{n} {metric}": e for n, pair in errors.items()
-                              for metric, e in zip(("rel", "row"), pair)})
-    return errors
+def cleared(bad: dict, verdict) -> dict:
+    """`bad` (over_bounds') less the quantities whose worst row verdict(name, row_err) clears
+    (returns None); a whole tensor over its bound is never cleared. The rest carry the reason."""
+    whys = {name: verdict(name, row) if whole < whole_bound else "its whole tensor fails TOL"
+            for name, (whole, row, whole_bound, _) in bad.items()}
+    return {name: (*bad[name], why) for name, why in whys.items() if why is not None}
 
 
 def run_case(op: str, gates: str | None, T: int, with_state: bool, dtype: torch.dtype, label: str) -> dict:
@@ -97,16 +96,12 @@ def run_case(op: str, gates: str | None, T: int, with_state: bool, dtype: torch.
 
     errors, bad = measure_case(op, gates, T, with_state, dtype, label)
     if bad and dtype == torch.float32:
-        peer = measure_peer(op, gates, T, with_state, label + " torch")
-        verdicts = {name: fp32_peer_verdict(row, peer[name][1]) if whole < whole_bound else "its whole tensor fails TOL"
-                    for name, (whole, row, whole_bound, _) in bad.items()}
-        bad = {name: (*bad[name], why) for name, why in verdicts.items() if why is not None}
+        peer, _ = measure_case(op, gates, T, with_state, dtype, label + " torch", backend="torch")
+        bad = cleared(bad, lambda name, row: fp32_peer_verdict(row, peer[name][1]))
     if bad and dtype == torch.bfloat16:
         with launch_settings(**({"mesa": MESA_TWIN} if op == "mesa" else {})):
             twin, _ = measure_case(op, gates, T, with_state, torch.float16, label + " fp16 twin")
-        verdicts = {name: rounding_verdict(row, *twin[name]) if whole < whole_bound else "its whole tensor fails TOL"
-                    for name, (whole, row, whole_bound, _) in bad.items()}
-        bad = {name: (*bad[name], why) for name, why in verdicts.items() if why is not None}
+        bad = cleared(bad, lambda name, row: rounding_verdict(row, *twin[name]))
     assert not bad, f"{op} {gates}: (rel_err, row_err, bounds[, why not rounding]) {bad}; all {errors}"
     return errors
 
