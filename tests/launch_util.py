@@ -53,3 +53,12 @@ class LaunchSpy:
             self.note(kwargs)
             return self.kernel[grid](*args, **kwargs)
         return launch_kernel
+
+
+def calls_of(monkeypatch, module: Any, name: str) -> list[int]:
+    """A list that grows by one at each call of module.<name> (monkeypatched to count, then run):
+    whether a launch path ran at all."""
+    calls: list[int] = []
+    fn = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or fn(*a, **kw))
+    return calls

@@ -237,11 +237,9 @@ def test_bf16_dv_fused_into_dqk(monkeypatch, gate, gate_kind, K, BK, warps):
     T = 8,192, bf16."""
     from kernels.common.launch import launch_settings
     from kernels.gated_linear_attention import triton_function
-    from tests.launch_util import CHUNK_OPS, each
+    from tests.launch_util import CHUNK_OPS, calls_of, each
 
-    calls = []
-    dv = triton_function.chunk_bwd_dv
-    monkeypatch.setattr(triton_function, "chunk_bwd_dv", lambda *a, **kw: calls.append(1) or dv(*a, **kw))
+    calls = calls_of(monkeypatch, triton_function, "chunk_bwd_dv")
 
     def errors_in(dtype):
         tensors, h0 = make_inputs(2, 8192, 2, K, 128, dtype, gate, gate_kind, seed=K + len(gate_kind))

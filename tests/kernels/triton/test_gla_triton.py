@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.gated_linear_attention import gated_linear_attention
+from kernels.gated_linear_attention import gated_linear_attention, triton_function
 from kernels.gated_linear_attention.triton_vector import record_paths
-from tests.launch_util import CHUNK_OPS, each, fused_forward_changes
+from tests.launch_util import CHUNK_OPS, calls_of, each, fused_forward_changes
 from tests.util import TOL, TRITON_DECAY_TOL
 
 
@@ -335,10 +335,7 @@ def test_inference_forward_keeps_no_states(monkeypatch, gate):
         stored.append(out[1] is not None)
         return out
 
-    import importlib
-
-    function = importlib.import_module("kernels.gated_linear_attention.triton_function")
-    monkeypatch.setattr(function, "chunk_fwd_fused", spy)
+    monkeypatch.setattr(triton_function, "chunk_fwd_fused", spy)
     leaves = {n: t.clone().requires_grad_(True) for n, t in tensors.items()}
     o1, ht1 = op(**leaves, initial_state=h0, output_final_state=True, backend="triton")
     with torch.no_grad():
@@ -347,16 +344,6 @@ def test_inference_forward_keeps_no_states(monkeypatch, gate):
     assert stored == [True, False, False]
     for o, ht in ((o2, ht2), (o3, ht3)):
         assert torch.equal(o, o1.detach()) and torch.equal(ht, ht1.detach())
-
-
-def dv_kernel_calls(monkeypatch) -> list[int]:
-    """A list that grows by one at each chunk_bwd_dv launch of the Triton backward."""
-    from kernels.gated_linear_attention import triton_function
-
-    calls: list[int] = []
-    dv = triton_function.chunk_bwd_dv
-    monkeypatch.setattr(triton_function, "chunk_bwd_dv", lambda *a, **kw: calls.append(1) or dv(*a, **kw))
-    return calls
 
 
 @pytest.mark.parametrize("op, vector, dtype, shape, BV, gate_scale", [
@@ -374,7 +361,7 @@ def test_dv_fused_into_the_dqk_kernel(compare, launch, monkeypatch, op, vector, 
 
     name = "gated_linear_attention" if op == "gla" else "linear_attention"
     launch(**{name: {"bwd_dqk": {"fuse_dv": True, "BK": 64, "BV": BV}}})
-    calls = dv_kernel_calls(monkeypatch)
+    calls = calls_of(monkeypatch, triton_function, "chunk_bwd_dv")
     tensors, h0 = make_inputs(*shape, dtype, vector, gate_scale=gate_scale, seed=sum(shape))
     if op == "linear":
         del tensors["g"]
@@ -387,7 +374,7 @@ def test_dv_not_fused_where_keys_span_several_blocks(compare, launch, monkeypatc
     """With fuse_dv on but K over the dq/dk kernel's BK (K = 32 in blocks of 16), dv needs every
     key block's share of A: chunk_bwd_dv forms it, once."""
     launch(gated_linear_attention={"bwd_dqk": {"fuse_dv": True, "BK": 16}})
-    calls = dv_kernel_calls(monkeypatch)
+    calls = calls_of(monkeypatch, triton_function, "chunk_bwd_dv")
     tensors, h0 = make_inputs(1, 70, 1, 32, 16, torch.float32, vector=False, seed=5)
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
     assert calls == [1]
