@@ -28,11 +28,16 @@ def test_a_newer_launch_variant_does_not_replace_the_default(tmp_path):
     assert newest[("linear_attention", "default")].run_id == default.run_id
 
 
-def test_rows_from_several_devices_name_theirs(tmp_path):
+def _linear_and_gdn(tmp_path):
+    """A linear and a gdn record of the kernels task on the CPU, and their (H, K)."""
     linear = _record(tmp_path)
     gdn_cfg = resolve_config(Kernels, "tiny", None, ["backends=[torch]", "seq_lens=[16]", "phases=[fwd]"])
     gdn, _ = execute(RunSpec("gdn", Kernels, "tiny", gdn_cfg, torch.device("cpu"), 0), tmp_path, Tracker(enabled=False))
-    heads = (linear.details["points"][0]["H"], linear.details["points"][0]["K"])
+    return linear, gdn, (linear.details["points"][0]["H"], linear.details["points"][0]["K"])
+
+
+def test_rows_from_several_devices_name_theirs(tmp_path):
+    linear, gdn, heads = _linear_and_gdn(tmp_path)
     one_device = table(tmp_path, "cpu", heads, peer_name="torch")
     assert " record |" not in one_device.splitlines()[0]
     # the same gdn record, as if another CPU had run it
@@ -45,10 +50,7 @@ def test_rows_from_several_devices_name_theirs(tmp_path):
 
 
 def test_rows_from_several_tritons_name_theirs(tmp_path):
-    linear = _record(tmp_path)
-    gdn_cfg = resolve_config(Kernels, "tiny", None, ["backends=[torch]", "seq_lens=[16]", "phases=[fwd]"])
-    gdn, _ = execute(RunSpec("gdn", Kernels, "tiny", gdn_cfg, torch.device("cpu"), 0), tmp_path, Tracker(enabled=False))
-    heads = (linear.details["points"][0]["H"], linear.details["points"][0]["K"])
+    linear, gdn, heads = _linear_and_gdn(tmp_path)
     # the same gdn record, as if a carried Triton had run it (benchmarks/triton_carry.sh)
     write_record(tmp_path, gdn.model_copy(update={"versions": {**gdn.versions, "triton": "9.9.9"}}))
     lines = table(tmp_path, "cpu", heads, peer_name="torch").splitlines()
