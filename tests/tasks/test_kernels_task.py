@@ -177,7 +177,17 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-candidates.yaml"), "cuda")
     changed = [(p.mixer, p.config["launch"], p.config["phases"]) for p in plan.points]
     both, bwd = ["fwd", "fwdbwd"], ["fwdbwd"]
-    assert changed == [("deltanet", {"delta_rule": {"seq": {"min_waves": 1}}}, both),
+    gdn_at_deltanet_defaults = [
+        ("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}, "seq": {"min_waves": 1},
+                                      "state_bwd": {"few_program_stages": 3, "few_program_waves": 1,
+                                                    "max_K": max_K}}}, both)
+        for max_K in (64, 256)]
+    # the untimed candidates come first, after the defaults they are read against (no change)
+    assert changed == [("gdn", {}, both), ("gla", {}, both), *gdn_at_deltanet_defaults,
+                       *[("gla", {"gated_linear_attention": {"bwd_dqk": dqk}}, bwd)
+                         for dqk in ({"fuse_dv": True}, {"fuse_dv": True, "BK": 128, "num_warps": 8})],
+                       ("gla", {"gated_linear_attention": {"fwd_fused_scalar": {"narrow_num_stages": 3}}}, ["fwd"]),
+                       ("deltanet", {"delta_rule": {"seq": {"min_waves": 1}}}, both),
                        ("gdn", {"gated_delta_rule": {"seq": {"min_waves": 1}}}, both),
                        ("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "scan"}}, both),
                        ("deltanet", {"delta_rule": {"dqkw": {"dk_part_16bit": True}}}, bwd),
@@ -185,16 +195,7 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                        *[("lin_gdn", {"linearized_softmax_gdn": {"prep": {"segment_rows": rows}}}, both)
                          for rows in (2048, 8192)],
                        ("gdn", {"gated_delta_rule": {"state_bwd": {"few_program_stages": 3, "few_program_waves": 1}}},
-                        bwd),
-                       *[("gla", {"gated_linear_attention": {"fwd_fused_scalar": fused}}, ["fwd"])
-                         for fused in ({"num_stages": 3}, {"BV": 128, "num_warps": 8}, {"num_warps": 8},
-                                       {"min_heads": 128}, {"min_heads": 512})],
-                       *[("gla", {"gated_linear_attention": {"bwd_dqk": dqk}}, bwd)
-                         for dqk in ({"fuse_dv": True}, {"fuse_dv": True, "BK": 128, "num_warps": 8})],
-                       *[("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}, "seq": {"min_waves": 1},
-                                                       "state_bwd": {"few_program_stages": 3, "few_program_waves": 1,
-                                                                     "max_K": max_K}}}, both)
-                         for max_K in (64, 256)]]
+                        bwd)]
     assert all(p.config["mixer"]["gate"] == "scalar" for p in plan.points if p.mixer == "gla")
     # DeltaNet took both candidates as defaults once timed; GDN's runs are still to time
     delta, gated = as_dict(DEFAULTS["delta_rule"]), as_dict(DEFAULTS["gated_delta_rule"])
