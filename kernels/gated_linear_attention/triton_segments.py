@@ -2,13 +2,15 @@
 segments in parallel when there are few sequences of heads (long T, small B * H).
 
 A segment is CPS consecutive chunks. Two passes:
-  1. segment_local_states: every (V-block, head, segment) program walks its segment's chunks
-     from a zero state, S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n, and stores
+  1. segment_local_states: every (V-block, head, segment) program but the last segment's walks
+     its segment's chunks from a zero state, S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n, and stores
      the segment's local final state L_s (fp32) and its total decay D_s, the product of the
      chunks' e^{gamma_C} (stored per key row: equal entries for a scalar gate, nothing
-     without a gate). Fully parallel.
+     without a gate). Fully parallel. No later segment starts from the last one, so its L and
+     D are never formed: the pass reads (S - 1) / S of k and v (the final state comes from the
+     fused forward's own walk of the last segment).
   2. segment_carry: C_0 = h0 (or 0) and C_{s+1} = D_s ⊙ C_s + L_s, one program per (V-block,
-     head) walking the S segments: the states entering the segments (fp32).
+     head) walking the segments: the states entering the S segments (fp32).
 The fused forward (triton_fused_forward.py) then starts segment s from C_s. The maths is the state
 recursion of triton_states.py regrouped; only the order of fp32 additions differs.
 """
@@ -32,6 +34,8 @@ def segment_local_states_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
+    """L: [B * H * (S - 1), K, V], D: [B * H * (S - 1), K] fp32 (segments 0 .. S - 2).
+    Grid (cdiv(V, BV), B * H, S - 1)."""
     i_v, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     seq = i_b.to(tl.int64) * T * H + i_h
@@ -52,7 +56,7 @@ def segment_local_states_kernel(
             b_h *= b_decay[:, None]
             b_dec *= b_decay
         b_h += tl.dot(b_kt, b_v, input_precision=DOT_PREC)
-    seg = (i_bh * S + i_s).to(tl.int64)
+    seg = (i_bh * (S - 1) + i_s).to(tl.int64)
     store_tile(L + seg * K * V, b_h, 0, i_v * BV, K, V, V, BK, BV)
     if GATE != 0:  # noqa: SIM102 - a compile-time test outside, a per-program one inside
         if i_v == 0:
@@ -65,17 +69,19 @@ def segment_carry_kernel(
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, HAS_H0: tl.constexpr,
 ):
+    """C: [B * H * S, K, V] fp32 from L, D of segments 0 .. S - 2. Grid (cdiv(V, BV), B * H)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     o_k = tl.arange(0, BK)
     b_c = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         b_c += load_tile(h0 + i_bh.to(tl.int64) * K * V, 0, i_v * BV, K, V, V, BK, BV)
-    for i_s in range(S):
-        seg = (i_bh * S + i_s).to(tl.int64)
-        store_tile(C + seg * K * V, b_c, 0, i_v * BV, K, V, V, BK, BV)
+    store_tile(C + (i_bh * S).to(tl.int64) * K * V, b_c, 0, i_v * BV, K, V, V, BK, BV)
+    for i_s in range(S - 1):
+        seg = (i_bh * (S - 1) + i_s).to(tl.int64)
         if GATE != 0:
             b_c *= tl.load(D + seg * K + o_k, mask=o_k < K, other=0.0)[:, None]
         b_c += load_tile(L + seg * K * V, 0, i_v * BV, K, V, V, BK, BV)
+        store_tile(C + (i_bh * S + i_s + 1).to(tl.int64) * K * V, b_c, 0, i_v * BV, K, V, V, BK, BV)
 
 
 def segment_entry_states(
@@ -83,7 +89,7 @@ def segment_entry_states(
     chunk_size: int, chunks_per_segment: int, BV: int, dot_prec: str, num_warps: int,
 ) -> torch.Tensor:
     """C: [B * H * S, K, V] fp32, the state entering each segment of `chunks_per_segment`
-    chunks (S = ceil(NT / chunks_per_segment)), C[(b * H + h) * S + s].
+    chunks (S = ceil(NT / chunks_per_segment) >= 2), C[(b * H + h) * S + s].
 
     k: [B, T, H, K] (K <= 128); v: [B, T, H, V]; gamma: cumulative log2-gates [B, T, H] or
     [B, T, H, K] fp32, or None; h0: [B, H, K, V] fp32 or None."""
@@ -91,10 +97,13 @@ def segment_entry_states(
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     S = triton.cdiv(NT, chunks_per_segment)
+    if S < 2:
+        raise ValueError(f"segment_entry_states: {NT} chunks of {chunks_per_segment} a segment make one segment; "
+                         "it needs at least two (one segment starts from h0)")
     BK = max(16, triton.next_power_of_2(K))
-    L = new_buffer((B * H * S, K, V), torch.float32, k.device)
-    D = new_buffer((B * H * S, K), torch.float32, k.device) if gate != GATE_NONE else L
-    segment_local_states_kernel[(triton.cdiv(V, BV), B * H, S)](
+    L = new_buffer((B * H * (S - 1), K, V), torch.float32, k.device)
+    D = new_buffer((B * H * (S - 1), K), torch.float32, k.device) if gate != GATE_NONE else L
+    segment_local_states_kernel[(triton.cdiv(V, BV), B * H, S - 1)](
         k, v, gamma if gamma is not None else k, L, D, T, NT, chunks_per_segment, S,
         H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate, DOT_PREC=dot_prec,
         num_warps=warps(num_warps), num_stages=2,

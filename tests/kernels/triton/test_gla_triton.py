@@ -272,12 +272,12 @@ def test_fused_forward_equals_two_kernels(gate):
     assert rel_err(o, o2) < 1e-3  # 16-bit outputs of the same fp32 sums, in another order
 
 
-@pytest.mark.parametrize("target", [6, 10**6], ids=["3_segments", "1_chunk_each"])
+@pytest.mark.parametrize("target", [4, 6, 10**6], ids=["2_segments", "3_segments", "1_chunk_each"])
 @pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
 def test_segmented_fused_forward_matches_reference(compare, monkeypatch, launch, gate, target):
     """The fused forward cut into segments run in parallel (segments.py), from an initial
-    state, with the final state and every gradient: T = 300 is 5 chunks, cut into 3 segments
-    (2 + 2 + 1 chunks) or into 5."""
+    state, with the final state and every gradient: T = 300 is 5 chunks, cut into 2 segments
+    (3 + 2 chunks), 3 (2 + 2 + 1) or 5; the last segment's local state is never formed."""
     from kernels.gated_linear_attention import triton_fused_forward as fused_forward
     from kernels.linear_attention import linear_attention
 
