@@ -264,11 +264,16 @@ class StateBwdLaunch(StatePassLaunch):
     dims K <= max_K, the pass forms the intra-chunk dU_local = P^T dO itself from the q, k and
     dO tiles it loads anyway (one [BT, K] x [K, BT] and one [BT, BT] x [BT, BV] product more
     per chunk, on every V-block), and the du_local kernel, which reads q, k and dO and writes
-    dU_local, is not run."""
+    dU_local, is not run. factors_on_v: the per-row factors of each chunk's products (the scale
+    and the gate's 2^gamma of Q^T dO, the gate's 2^(gamma_C - gamma) of Kd dS) multiply the
+    [BT, BV] dO tile and product rather than the [BT, K] q and k tiles: K / BV times fewer
+    multiplies in the sequential loop (the second one after its product, on the loop's
+    dependency chain)."""
 
     local_du: bool = False
     min_heads: int = 128
     max_K: int = 256
+    factors_on_v: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

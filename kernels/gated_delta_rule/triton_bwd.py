@@ -9,7 +9,9 @@ dS_{n+1} the gradient of the state leaving chunk n (dS_N = gradient of the final
                  or, with LOCAL_DU, with dU_local formed here from the k, q and dO
                  tiles the pass loads: StateBwdLaunch.local_du)
                  dS_n = 2^{gamma_C} dS_{n+1} + scale (Q ⊙ 2^gamma)^T dO - W^T dU
-             and dS_0 is the gradient of the initial state.
+             and dS_0 is the gradient of the initial state. The row factors 2^gamma and
+             2^{gamma_C - gamma} multiply q's and k's tiles, or (StateBwdLaunch.factors_on_v)
+             the dO tile and the product Kd dS = diag(2^{gamma_C - gamma}) (K dS).
 
 P^T is computed directly as K Q^T (never as the transpose of a product: see
 kernels/common/triton/solve.py on Hopper). Layouts as in triton_fwd.py (gamma in log2
@@ -59,7 +61,7 @@ def state_bwd_kernel(
     q, k, w, do, du, gam, dh, dht, dh0, scale, T, NT, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, LOCAL_DU: tl.constexpr,
-    PREC: tl.constexpr,
+    FACTORS_ON_V: tl.constexpr, PREC: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -87,18 +89,28 @@ def state_bwd_kernel(
             b_du = tl.dot(b_pt.to(dt), b_do, input_precision=PREC)
         else:
             b_du = load_tile(du + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
-        if USE_G:
-            b_k = (b_k * tl.exp2(b_glast - b_g)[:, None]).to(dt)
-            b_qt = (b_qt * (scale * tl.exp2(b_g))[None, :]).to(dt)
-        else:
-            b_qt = (b_qt * scale).to(dt)
         b_ds_c = b_ds.to(dt)
-        b_du += tl.dot(b_k, b_ds_c, input_precision=PREC)
+        if FACTORS_ON_V:  # the row factors on [BT, BV] tiles: dO before its product, Kd dS after
+            b_kds = tl.dot(b_k, b_ds_c, input_precision=PREC)
+            if USE_G:
+                b_do_f = (b_do * (scale * tl.exp2(b_g))[:, None]).to(dt)
+                b_du += b_kds * tl.exp2(b_glast - b_g)[:, None]
+            else:
+                b_do_f = (b_do * scale).to(dt)
+                b_du += b_kds
+        else:
+            if USE_G:
+                b_k = (b_k * tl.exp2(b_glast - b_g)[:, None]).to(dt)
+                b_qt = (b_qt * (scale * tl.exp2(b_g))[None, :]).to(dt)
+            else:
+                b_qt = (b_qt * scale).to(dt)
+            b_do_f = b_do
+            b_du += tl.dot(b_k, b_ds_c, input_precision=PREC)
         b_du_c = b_du.to(dt)
         store_tile(du + seq * V, b_du_c, t0, v0, T, V, H * V, BT, BV)
         if USE_G:
             b_ds *= tl.exp2(b_glast)
-        b_ds += tl.dot(b_qt, b_do, input_precision=PREC)
+        b_ds += tl.dot(b_qt, b_do_f, input_precision=PREC)
         b_ds -= tl.dot(b_wt, b_du_c, input_precision=PREC)
     if STORE_DH0:
         store_tile(dh0 + i_bh.to(tl.int64) * K * V, b_ds, 0, v0, K, V, V, BK, BV)
@@ -158,7 +170,7 @@ def state_bwd(
         q, k, w, do, du, gam if gam is not None else q, dh, dht if dht is not None else q,
         dh0 if dh0 is not None else q, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_DHT=dht is not None,
-        STORE_DH0=need_dh0, LOCAL_DU=local, PREC=dot_precision(q.dtype, cfg.fp32_dots),
+        STORE_DH0=need_dh0, LOCAL_DU=local, FACTORS_ON_V=cfg.factors_on_v, PREC=dot_precision(q.dtype, cfg.fp32_dots),
         num_warps=warps(cfg.num_warps),
         num_stages=cfg.stages_at(full_block(K), q.element_size(), triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev)),
     )

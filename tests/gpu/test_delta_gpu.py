@@ -174,6 +174,17 @@ def test_local_du_in_state_bwd(case):
     assert not bad, f"{case} local dU: (error, two-launch error) over the bounds: {bad} (all: {errors})"
 
 
+@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_bf16_T32768", "delta_fp16_T75_K64_V256",
+                                  "gdn_bf16_T1000_K256_V32"])
+def test_row_factors_on_v_in_state_bwd(case):
+    """The backward state pass with its row factors on the dO tile and the Kd dS product
+    (StateBwdLaunch.factors_on_v) against the factors on q and k, each against fp64
+    (over_bounds_against; the two round different operands to 16 bits)."""
+    errors = variant_errors(case, {"state_bwd": {"factors_on_v": True}})
+    bad = over_bounds_against(case, errors, errors_of(case))
+    assert not bad, f"{case} factors on V: (error, default's error) over the bounds: {bad} (all: {errors})"
+
+
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
 def test_dqkw_over_v_blocks(case):
     """The dq/dk/dW kernel over 64-column V-blocks (dqkw BV 64; DeltaNet's default is one

@@ -150,6 +150,42 @@ def test_local_du_matches_reference(compare, launch, gated, T, V):
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[torch.float32])
 
 
+@pytest.mark.parametrize("local", [True, False], ids=["local_du", "du_local"])
+@pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
+@pytest.mark.parametrize("T, V", [(1, 16), (130, 64)])
+def test_row_factors_on_v_match_reference(compare, launch, gated, local, T, V):
+    """The backward state pass with its row factors on the dO tile and the Kd dS product
+    (StateBwdLaunch.factors_on_v): every gradient against the reference, with dU_local formed
+    in the pass or not, one V-block or (V = 64 at 16-column tiles) several."""
+    over = {"state_bwd": {"factors_on_v": True, "local_du": local, "min_heads": 1, "max_K": 256,
+                          "BV": 16 if V == 64 else 64}}
+    launch(**each(DELTA_OPS, over))
+    tensors, h0 = make_inputs(1, T, 2, 32, V, torch.float32, seed=70 + T, gated=gated)
+    compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
+def test_row_factors_on_v_equal_on_qk(launch, gated):
+    """fp16, 130 tokens, strong gates: dU, dh and dh0 with the factors on the V-side tiles
+    against the factors on q and k, the same up to where the products round to fp16."""
+    from kernels.gated_delta_rule import triton_bwd, triton_wy
+
+    tensors, h0 = make_inputs(2, 130, 1, 32, 32, torch.float16, seed=66, gated=gated)
+    q, k, v = (tensors[n].contiguous() for n in ("q", "k", "v"))
+    g = 8 * tensors["g"].contiguous() if gated else None
+    gam, _, w, _ = triton_wy.wy_fwd(k, v, tensors["beta"].contiguous(), g)
+    gen = torch.Generator().manual_seed(67)
+    do = torch.randn(2, 130, 1, 32, generator=gen).half()
+    dht = torch.randn(2, 1, 32, 32, generator=gen)
+    outs = {}
+    for on in (False, True):
+        launch(**each(DELTA_OPS, {"state_bwd": {"factors_on_v": on, "local_du": False}}))
+        outs[on] = triton_bwd.state_bwd(q, k, w, do, triton_bwd.du_local(q, k, do, gam, 0.3), gam, dht, 0.3, True)
+    for ours, base in zip(outs[True], outs[False]):
+        assert ours.dtype == base.dtype and ours.shape == base.shape
+        assert rel_err(ours.float(), base.float()) < 2e-3
+
+
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
 def test_local_du_equals_du_local_then_state_bwd(launch, gated):
     """state_bwd with dU_local formed in the pass against du_local's then state_bwd's: the
