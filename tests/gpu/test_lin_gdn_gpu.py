@@ -75,16 +75,13 @@ def bf16_errors(pairs: dict, case: str, twin=None) -> dict:
 
 
 # The running mean of v (LinGdnLaunch.mean_form): in-chunk sums by tl.cumsum or on the tensor
-# cores, or v less the centred value, the latter two also inside the fused training pass (forced on: this shape has too few
+# cores, the latter also inside the fused training pass (forced on: this shape has too few
 # heads for it and K = 128 is over train_fused_max_K)
 MEAN_FORMS = {
     "mean_scan": {"linearized_softmax_gdn": {"mean_form": "scan"}},
     "mean_dots": {"linearized_softmax_gdn": {"mean_form": "dots"}},
     "mean_dots_fused": {"linearized_softmax_gdn": {"mean_form": "dots", "train_fused_max_K": 128},
                         "gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}},
-    "mean_difference": {"linearized_softmax_gdn": {"mean_form": "difference"}},
-    "mean_difference_fused": {"linearized_softmax_gdn": {"mean_form": "difference", "train_fused_max_K": 128},
-                              "gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}},
 }
 
 
@@ -158,7 +155,7 @@ def test_lin_gdn_prep_bf16_T8192_matches_loop(by_dot, segment_rows):
                 f"lin_gdn_prep_bf16_T{T}" + ("_dots" if by_dot else "") + (f"_segments{segment_rows}" if segment_rows else ""))
 
 
-@pytest.mark.parametrize("mean_form", ["scan", "dots", "difference"])
+@pytest.mark.parametrize("mean_form", ["scan", "dots"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
 def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, mean_form):
     """The no-gradient forward (lin_gdn_infer; its running mean added in the fused state pass
