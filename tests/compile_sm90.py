@@ -250,11 +250,6 @@ def run_ops() -> None:
             "gated_delta_rule": {"fused_fwd": {"enabled": fused, "min_heads": 1}}},
            ["linearized_softmax_gdn", "linearized_softmax_gdn with a state"])
           for how, fused in (("fused training pass", True), ("two kernels", False))],
-        *[(f"the mean as v less the value, {how}",
-           {"linearized_softmax_gdn": {"mean_form": "difference", "train_fused_max_K": 128},
-            "gated_delta_rule": {"fused_fwd": {"enabled": fused, "min_heads": 1}}},
-           ["linearized_softmax_gdn", "linearized_softmax_gdn with a state"])
-          for how, fused in (("fused training pass", True), ("two kernels", False))],
     ]
     for label, over, names in options:
         with launch_settings(**over):
@@ -269,15 +264,12 @@ def run_ops() -> None:
     deep_infer = {"infer_fused": {"enabled": True, "min_heads": 1, "num_stages": 3}}
     delta_names = [n for n in calls if n.split(" ")[0] in ("delta_rule", "gated_delta_rule", "linearized_softmax_gdn")]
     dot_mean = {"linearized_softmax_gdn": {"mean_form": "dots"}}
-    diff_mean = {"linearized_softmax_gdn": {"mean_form": "difference"}}
     for label, over in (("fused", {"delta_rule": fused_infer, "gated_delta_rule": fused_infer}),
                         ("fused, three stages", {"delta_rule": deep_infer, "gated_delta_rule": deep_infer}),
                         ("two kernels", {}),
                         ("fused, lin_gdn's mean summed on the tensor cores",
                          {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **dot_mean}),
-                        ("two kernels, lin_gdn's mean summed on the tensor cores", dot_mean),
-                        ("fused, lin_gdn's mean as v less the value",
-                         {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **diff_mean})):
+                        ("two kernels, lin_gdn's mean summed on the tensor cores", dot_mean)):
         with launch_settings(**over), torch.no_grad():
             for name in delta_names:
                 print(f"compile_sm90: {name} without a gradient, {label}", flush=True)

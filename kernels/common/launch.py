@@ -544,7 +544,7 @@ class PrepLaunch(KernelLaunch):
             raise ValueError(f"PrepLaunch.segment_rows must be 0 (off) or a power of two >= 64, got {self.segment_rows!r}")
 
 
-MEAN_FORMS = ("auto", "scan", "dots", "difference")  # LinGdnLaunch.mean_form
+MEAN_FORMS = ("auto", "scan", "dots")  # LinGdnLaunch.mean_form
 
 
 @dataclasses.dataclass(frozen=True)
@@ -575,9 +575,7 @@ class LinGdnLaunch:
     # T024458), scan -> dots: the output kernel 761 / 768 / 780 -> 701 / 715 / 740 us at K =
     # 128, the no-gradient fused pass 750 / 1,052 / 1,499 -> 592 / 810 / 1,056 at K = 64, and
     # at K = 128 1,187 / 1,174 / 1,738 -> 1,483 / 1,478 / 1,195 (2,048 / 512 / 128 programs on
-    # 132 multiprocessors). "difference": no sums; the mean is v less the centred value the
-    # delta rule takes (the scan stores both), two tile loads in place of the sums, carrying
-    # the value's rounding (RunningMean); untimed.
+    # 132 multiprocessors)
     mean_form: str = "auto"
 
     def __post_init__(self) -> None:

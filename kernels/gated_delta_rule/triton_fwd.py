@@ -43,27 +43,12 @@ class RunningMean:
     contiguous; enter: [B, H, cdiv(T, 64), V] fp32, the sums entering each chunk (the
     linearized softmax GDN's v and v_sum0 + the earlier tokens' v); count: tokens before T.
     form (LinGdnLaunch.mean_form): the in-chunk sums by tl.cumsum ("scan"), for a 16-bit x as
-    a product with triangular ones ("dots", prefix.py), or per pass ("auto", sums_by_dot); or
-    with no sums ("difference"): the mean is x - centred, where centred [B, T, H, V] (x's
-    dtype) is x less that mean as the caller stored it (lin_gdn's value), so that the mean
-    carries centred's rounding, half a unit in its last place."""
+    a product with triangular ones ("dots", prefix.py), or per pass ("auto", sums_by_dot)."""
 
     x: torch.Tensor
     enter: torch.Tensor
     count: int
     form: str = "auto"
-    centred: torch.Tensor | None = None
-
-    def __post_init__(self) -> None:
-        if self.form == "difference" and (self.centred is None or self.centred.shape != self.x.shape
-                                          or self.centred.dtype != self.x.dtype):
-            got = None if self.centred is None else (tuple(self.centred.shape), self.centred.dtype)
-            raise ValueError(f"RunningMean: form 'difference' needs centred of x's shape {tuple(self.x.shape)} "
-                             f"and dtype {self.x.dtype}, got {got}")
-
-    def by_difference(self) -> bool:
-        """Whether the kernels form the mean as x - centred (form "difference")."""
-        return self.form == "difference"
 
     def sums_by_dot(self, state_pass: bool = False, K: int = 0, programs: int = 0,
                     multiprocessors: int | None = None) -> bool:
@@ -73,7 +58,7 @@ class RunningMean:
         `programs` on a GPU of `multiprocessors`, None off a GPU) at K <= 64 or where the
         programs fill at most one wave: at K = 128 with more programs the triangular
         product's registers cost the pass more than the scan does (LinGdnLaunch.mean_form)."""
-        if self.x.element_size() != 2 or self.form in ("scan", "difference"):
+        if self.x.element_size() != 2 or self.form == "scan":
             return False
         if self.form == "dots" or not state_pass:
             return True
@@ -82,14 +67,10 @@ class RunningMean:
 
 @triton.jit
 def _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count,
-                       V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BY_DOT: tl.constexpr,
-                       BY_DIFF: tl.constexpr):
+                       V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BY_DOT: tl.constexpr):
     """[BT, BV] fp32: the running mean of RunningMean (x = mv, enter = menter) on the rows of
-    chunk i_t, columns v0 .. v0 + BV; its in-chunk sums by row_prefix_sums(BY_DOT). BY_DIFF:
-    menter is RunningMean.centred and the mean is x - centred (no sums)."""
+    chunk i_t, columns v0 .. v0 + BV; its in-chunk sums by row_prefix_sums(BY_DOT)."""
     b_x = load_tile(mv + seq * V, t0, v0, T, V, H * V, BT, BV)
-    if BY_DIFF:
-        return b_x.to(tl.float32) - load_tile(menter + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
     o_v = v0 + tl.arange(0, BV)
     b_enter = tl.load(menter + (i_bh * NT + i_t).to(tl.int64) * V + o_v, mask=o_v < V, other=0.0)
     b_inv_t = 1.0 / (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
@@ -102,7 +83,6 @@ def state_fwd_kernel(
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
     FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr,
-    MEAN_DIFF: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -133,8 +113,7 @@ def state_fwd_kernel(
             b_a = causal_decay(tl.dot(b_q, b_kt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
             b_o = b_o * scale + tl.dot(b_a.to(dt), b_u.to(u.dtype.element_ty).to(dt), input_precision=PREC)
             if HAS_MEAN:
-                b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
-                                          MEAN_DOT, MEAN_DIFF)
+                b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV, MEAN_DOT)
             store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
         if USE_G:
             last = tl.minimum(t0 + BT, T) - 1
@@ -151,8 +130,7 @@ def state_fwd_kernel(
 def output_fwd_kernel(
     q, k, u, h, gam, mv, menter, o, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr, MEAN_DIFF: tl.constexpr,
-    PREC: tl.constexpr,
+    USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr, PREC: tl.constexpr,
 ):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -175,24 +153,21 @@ def output_fwd_kernel(
     b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
     if HAS_MEAN:  # the running mean of mv, added before the one rounding to o's dtype
-        b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
-                                  MEAN_DOT, MEAN_DIFF)
+        b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV, MEAN_DOT)
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
 def _mean_args(mean: RunningMean | None, NT: int, chunk_size: int, where: str, stand_in: torch.Tensor,
                by_dot: bool = False):
     """The kernels' (mv, menter, count) of `mean`, checked against NT chunks of chunk_size,
-    MEAN_DOT (by_dot where there is a mean) and MEAN_DIFF (menter is then mean.centred);
-    without one, a stand-in tensor (never read), count 0, no dots and no difference."""
+    and MEAN_DOT (by_dot where there is a mean); without one, a stand-in tensor (never read),
+    count 0 and no dots."""
     if mean is None:
-        return stand_in, stand_in, 0, False, False
-    if mean.by_difference():
-        return mean.x, mean.centred, mean.count, False, True
+        return stand_in, stand_in, 0, False
     if mean.enter.shape[2] != NT:
         raise ValueError(f"{where}: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
                          f"the output {NT} of {chunk_size} tokens")
-    return mean.x, mean.enter, mean.count, by_dot, False
+    return mean.x, mean.enter, mean.count, by_dot
 
 
 def _fused_settings(launch, inference: bool):
@@ -238,7 +213,7 @@ def state_fwd(
     BV = sequential_block_v(V, cap, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
     programs, multiprocessors = triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev)
     stages = cfg.stages_at(full_block(K), k.element_size(), programs, multiprocessors)
-    mv, menter, count, mean_dot, mean_diff = _mean_args(
+    mv, menter, count, mean_dot = _mean_args(
         mean, NT, chunk_size, "state_fwd", k,
         mean is not None and mean.sums_by_dot(state_pass=True, K=K, programs=programs, multiprocessors=multiprocessors))
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
@@ -247,8 +222,7 @@ def state_fwd(
         o if o is not None else u0, mv, menter, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        STORE_STATES=store_states, HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_DIFF=mean_diff,
-        num_warps=warps(cfg.num_warps),
+        STORE_STATES=store_states, HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, num_warps=warps(cfg.num_warps),
         num_stages=stages,
     )
     return h, u, ht, o
@@ -267,12 +241,12 @@ def output_fwd(
     o = new_buffer((B, T, H, V), q.dtype, q.device)
     cfg = delta_launch(gam is not None).output_fwd
     BV = block_size(V, cfg.BV)
-    mv, menter, count, mean_dot, mean_diff = _mean_args(mean, NT, chunk_size, "output_fwd", q,
+    mv, menter, count, mean_dot = _mean_args(mean, NT, chunk_size, "output_fwd", q,
                                              mean is not None and mean.sums_by_dot())
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_DIFF=mean_diff,
+        HAS_MEAN=mean is not None, MEAN_DOT=mean_dot,
         PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
         num_stages=cfg.num_stages,
     )

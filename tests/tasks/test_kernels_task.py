@@ -190,9 +190,6 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                        *[("gla", {"gated_linear_attention": {"bwd_dqk": dqk}}, bwd)
                          for dqk in ({"fuse_dv": True}, {"fuse_dv": True, "BK": 128, "num_warps": 8})],
                        ("gla", {"gated_linear_attention": {"fwd_fused_scalar": {"narrow_num_stages": 3}}}, ["fwd"]),
-                       ("lin_gdn", {}, both),
-                       *[("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "difference", "train_fused_max_K": k}},
-                          both) for k in (64, 128)],
                        ("deltanet", {"delta_rule": {"seq": {"min_waves": 1}}}, both),
                        ("gdn", {"gated_delta_rule": {"seq": {"min_waves": 1}}}, both),
                        ("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "scan"}}, both),
