@@ -2,13 +2,14 @@
 segments in parallel when there are few sequences of heads (long T, small B * H).
 
 A segment is CPS consecutive chunks. Two passes:
-  1. segment_local_states: every (V-block, head, segment) program but the last segment's walks
-     its segment's chunks from a zero state, S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n, and stores
-     the segment's local final state L_s (fp32) and its total decay D_s, the product of the
-     chunks' e^{gamma_C} (stored per key row: equal entries for a scalar gate, nothing
-     without a gate). Fully parallel. No later segment starts from the last one, so its L and
-     D are never formed: the pass reads (S - 1) / S of k and v (the final state comes from the
-     fused forward's own walk of the last segment).
+  1. segment_local_states: every (V-block, head, segment) program, but the last segment's,
+     walks its segment's chunks from a zero state,
+     S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n, and stores the segment's
+     local final state L_s (fp32) and its total decay D_s, the product of the chunks'
+     e^{gamma_C} (stored per key row: equal entries for a scalar gate, nothing without a
+     gate). Fully parallel. No segment starts from the last one's L and D, so they are not
+     formed: the pass reads (S - 1) / S of k and v (the final state comes from the fused
+     forward's own walk of the last segment).
   2. segment_carry: C_0 = h0 (or 0) and C_{s+1} = D_s ⊙ C_s + L_s, one program per (V-block,
      head) walking the segments: the states entering the S segments (fp32).
 The fused forward (triton_fused_forward.py) then starts segment s from C_s. The maths is the state
