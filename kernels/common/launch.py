@@ -268,7 +268,9 @@ class StateBwdLaunch(StatePassLaunch):
     and the gate's 2^gamma of Q^T dO, the gate's 2^(gamma_C - gamma) of Kd dS) multiply the
     [BT, BV] dO tile and product rather than the [BT, K] q and k tiles: K / BV times fewer
     multiplies in the sequential loop (the second one after its product, on the loop's
-    dependency chain)."""
+    dependency chain). Not where the pass forms dU_local, which needs dO unscaled too: there it
+    timed slower (GDN, K = 64: 570 / 574 / 935 -> 598 / 604 / 1,014 us at T = 2k / 8k / 32k;
+    one H100, records 20261207T080540, T080553)."""
 
     local_du: bool = False
     min_heads: int = 128
@@ -589,9 +591,25 @@ class LinGdnLaunch:
         return self.train_fused and K <= self.train_fused_max_K
 
 
+# dv formed in the dq/dk kernel where one 64-key block spans K (K <= 64): forward+backward at
+# K = 64, T = 2k / 8k / 32k, 2.34 / 2.58 / 2.77 -> 2.04 / 2.28 / 2.45 ms for scalar-gate GLA and
+# 1.95 / 2.01 / 2.43 -> 1.70 / 1.77 / 2.17 for linear attention; one 128-key block on 8 warps
+# (which would take K = 128 too) was slower at both head dims, 3.12 / 3.35 / 3.48 ms for GLA at
+# K = 64 (one H100, Triton 3.6, records 20261207T080521-T080559, T081040, T081054; GPU-tested
+# 2026-12-07)
+_DQK_FUSED_DV = DqkLaunch(BK=64, BV=64, num_warps=4, num_stages=2, fuse_dv=True)
+
 DEFAULTS: Mapping[str, Any] = MappingProxyType({
-    "linear_attention": ChunkLaunch(),
-    "gated_linear_attention": ChunkLaunch(),
+    "linear_attention": ChunkLaunch(bwd_dqk=_DQK_FUSED_DV),
+    "gated_linear_attention": ChunkLaunch(
+        bwd_dqk=_DQK_FUSED_DV,
+        # the scalar-gate fused forward at three stages for K <= 64: that kernel 397 / 619 / 403
+        # -> 366 / 545 / 374 us at T = 2k / 8k / 32k (the forward's wall time at 2k, 0.45 ->
+        # 0.52 ms, and 0.46 -> 0.44 in an earlier call, moves with the host); at K = 128 three
+        # stages were much slower, 0.52 -> 0.81 ms at 2k (one H100, records 20261207T080521,
+        # T080603, T054910-T054930; GPU-tested 2026-12-07)
+        fwd_fused_scalar=dataclasses.replace(ChunkLaunch.fwd_fused_scalar, narrow_num_stages=3),
+    ),
     # DeltaNet's dq/dk/dW kernel over the whole V at once (dqkw BV 128) took K = 128, T = 2k /
     # 8k / 32k from 1,481-1,500 to 1,375 / 1,380 / 1,382 us, K = 64 unchanged (one H100,
     # records 20261206T194651, T224005; one stage instead of two: 1,539, T223933; GPU-tested
@@ -609,8 +627,19 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
         dqkw=DqkwLaunch(BK=64, BV=128, num_warps=4, num_stages=2, dk_part_16bit=True),
         seq=NarrowingLaunch(min_BV=32, min_waves=1),
     ),
-    # GDN forms dU_local in its backward state pass at K <= 64 only (DeltaLaunch.state_bwd says why)
-    "gated_delta_rule": DeltaLaunch(state_bwd=dataclasses.replace(DeltaLaunch.state_bwd, max_K=64)),
+    # GDN forms dU_local in its backward state pass at K <= 64 only (DeltaLaunch.state_bwd says
+    # why; at K = 128 as well, forward+backward 5.89 / 5.94 / 6.61 -> 5.78 / 5.81 / 6.99 ms at T =
+    # 2k / 8k / 32k). DeltaNet's later defaults (dk's share in bf16, narrowing below one wave,
+    # three stages within one wave) and the row factors on the V side took its forward+backward
+    # at K = 128 from 5.99 / 6.11 / 6.78 to 5.54 / 5.59 / 5.83 ms (its state pass 1,239 / 1,143 /
+    # 1,595 -> 919 / 916 / 814 us) and at K = 64 from 4.85 / 5.35 / 6.63 to 4.70 / 4.87 / 6.15
+    # (one H100, Triton 3.6, records 20261207T080439-T080608; GPU-tested 2026-12-07)
+    "gated_delta_rule": DeltaLaunch(
+        state_bwd=dataclasses.replace(DeltaLaunch.state_bwd, max_K=64, few_program_stages=3, few_program_waves=1,
+                                      factors_on_v=True),
+        dqkw=dataclasses.replace(DeltaLaunch.dqkw, dk_part_16bit=True),
+        seq=NarrowingLaunch(min_BV=32, min_waves=1),
+    ),
     "mesa": MesaLaunch(),
     "linearized_softmax_gdn": LinGdnLaunch(),
 })

@@ -10,8 +10,9 @@ dS_{n+1} the gradient of the state leaving chunk n (dS_N = gradient of the final
                  tiles the pass loads: StateBwdLaunch.local_du)
                  dS_n = 2^{gamma_C} dS_{n+1} + scale (Q ⊙ 2^gamma)^T dO - W^T dU
              and dS_0 is the gradient of the initial state. The row factors 2^gamma and
-             2^{gamma_C - gamma} multiply q's and k's tiles, or (StateBwdLaunch.factors_on_v)
-             the dO tile and the product Kd dS = diag(2^{gamma_C - gamma}) (K dS).
+             2^{gamma_C - gamma} multiply q's and k's tiles, or (StateBwdLaunch.factors_on_v,
+             where dU_local comes from du_local) the dO tile and the product
+             Kd dS = diag(2^{gamma_C - gamma}) (K dS).
 
 P^T is computed directly as K Q^T (never as the transpose of a product: see
 kernels/common/triton/solve.py on Hopper). Layouts as in triton_fwd.py (gamma in log2
@@ -170,7 +171,8 @@ def state_bwd(
         q, k, w, do, du, gam if gam is not None else q, dh, dht if dht is not None else q,
         dh0 if dh0 is not None else q, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_DHT=dht is not None,
-        STORE_DH0=need_dh0, LOCAL_DU=local, FACTORS_ON_V=cfg.factors_on_v, PREC=dot_precision(q.dtype, cfg.fp32_dots),
+        STORE_DH0=need_dh0, LOCAL_DU=local, FACTORS_ON_V=cfg.factors_on_v and not local,
+        PREC=dot_precision(q.dtype, cfg.fp32_dots),
         num_warps=warps(cfg.num_warps),
         num_stages=cfg.stages_at(full_block(K), q.element_size(), triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev)),
     )

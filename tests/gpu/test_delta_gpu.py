@@ -178,10 +178,10 @@ def test_local_du_in_state_bwd(case):
                                   "gdn_bf16_T1000_K256_V32"])
 def test_row_factors_on_v_in_state_bwd(case):
     """The backward state pass with its row factors on the dO tile and the Kd dS product
-    (StateBwdLaunch.factors_on_v) against the factors on q and k, each against fp64
-    (over_bounds_against; the two round different operands to 16 bits)."""
+    (StateBwdLaunch.factors_on_v, GDN's default) against the factors on q and k, each against
+    fp64 (over_bounds_against; the two round different operands to 16 bits)."""
     errors = variant_errors(case, {"state_bwd": {"factors_on_v": True}})
-    bad = over_bounds_against(case, errors, errors_of(case))
+    bad = over_bounds_against(case, errors, variant_errors(case, {"state_bwd": {"factors_on_v": False}}))
     assert not bad, f"{case} factors on V: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 

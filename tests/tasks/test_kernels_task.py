@@ -182,7 +182,7 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                                       "state_bwd": {"few_program_stages": 3, "few_program_waves": 1,
                                                     "max_K": max_K}}}, both)
         for max_K in (64, 256)]
-    # the untimed candidates come first, after the defaults they are read against (no change)
+    # the candidates of the last call first, after the defaults they were read against (no change)
     factors_on_v = ("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}, "seq": {"min_waves": 1},
                                                  "state_bwd": {"few_program_stages": 3, "few_program_waves": 1,
                                                                "factors_on_v": True}}}, bwd)
@@ -200,13 +200,19 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                        ("gdn", {"gated_delta_rule": {"state_bwd": {"few_program_stages": 3, "few_program_waves": 1}}},
                         bwd)]
     assert all(p.config["mixer"]["gate"] == "scalar" for p in plan.points if p.mixer == "gla")
-    # DeltaNet took both candidates as defaults once timed; GDN's runs are still to time
+    # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
+    # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
+    # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64
     delta, gated = as_dict(DEFAULTS["delta_rule"]), as_dict(DEFAULTS["gated_delta_rule"])
-    assert delta["seq"]["min_waves"] == 1 and delta["dqkw"]["dk_part_16bit"]
-    assert gated["seq"]["min_waves"] == 2 and not gated["dqkw"]["dk_part_16bit"]
+    for rule in (delta, gated):
+        assert rule["seq"]["min_waves"] == 1 and rule["dqkw"]["dk_part_16bit"]
+        assert (rule["state_bwd"]["few_program_stages"], rule["state_bwd"]["few_program_waves"]) == (3, 1)
+    assert gated["state_bwd"]["factors_on_v"] and gated["state_bwd"]["max_K"] == 64
     assert as_dict(DEFAULTS["linearized_softmax_gdn"])["mean_form"] == "auto"
     assert as_dict(DEFAULTS["linearized_softmax_gdn"])["prep"]["segment_rows"] == 0
-    assert not as_dict(DEFAULTS["gated_linear_attention"])["bwd_dqk"]["fuse_dv"]
+    gla = as_dict(DEFAULTS["gated_linear_attention"])
+    assert gla["bwd_dqk"]["fuse_dv"] and as_dict(DEFAULTS["linear_attention"])["bwd_dqk"]["fuse_dv"]
+    assert (gla["bwd_dqk"]["BK"], gla["fwd_fused_scalar"]["narrow_num_stages"]) == (64, 3)
 
 
 def test_the_gpu_sweep_times_every_op_and_both_gla_gates():

@@ -153,15 +153,23 @@ def test_local_du_matches_reference(compare, launch, gated, T, V):
 @pytest.mark.parametrize("local", [True, False], ids=["local_du", "du_local"])
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
 @pytest.mark.parametrize("T, V", [(1, 16), (130, 64)])
-def test_row_factors_on_v_match_reference(compare, launch, gated, local, T, V):
+def test_row_factors_on_v_match_reference(compare, launch, monkeypatch, gated, local, T, V):
     """The backward state pass with its row factors on the dO tile and the Kd dS product
-    (StateBwdLaunch.factors_on_v): every gradient against the reference, with dU_local formed
-    in the pass or not, one V-block or (V = 64 at 16-column tiles) several."""
+    (StateBwdLaunch.factors_on_v; GDN's default): every gradient against the reference, one
+    V-block or (V = 64 at 16-column tiles) several. Where the pass forms dU_local the factors
+    stay on q and k (the launch says so)."""
+    from kernels.gated_delta_rule import triton_bwd
+    from tests.launch_util import LaunchSpy
+
+    seen = []
+    monkeypatch.setattr(triton_bwd, "state_bwd_kernel",
+                        LaunchSpy(triton_bwd.state_bwd_kernel, lambda kw: seen.append(kw["FACTORS_ON_V"])))
     over = {"state_bwd": {"factors_on_v": True, "local_du": local, "min_heads": 1, "max_K": 256,
                           "BV": 16 if V == 64 else 64}}
     launch(**each(DELTA_OPS, over))
     tensors, h0 = make_inputs(1, T, 2, 32, V, torch.float32, seed=70 + T, gated=gated)
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[torch.float32])
+    assert seen and all(on == (not local) for on in seen), seen
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
