@@ -11,8 +11,10 @@ have, SDPA (the torch backend).
 A cell is `ratio (ours ms)` where the peer ran beside ours in the same record, `ours ms` where
 it did not (the last column says why: FLA missing, or refusing a backward on this Triton), "·"
 where the record has no such point. Records of launch-setting variants (a `launch` override in
-their config) are left out. When an op has several records, the newest counts; the table's
-header names the records' devices, commits and versions."""
+their config) are left out, and so are records that asked for no peer (`compare=[]`: ours
+alone, the defaults a candidates sweep reads its variants against). When an op has several
+records, the newest counts; the table's header names the records' devices, commits and
+versions."""
 
 from __future__ import annotations
 
@@ -96,6 +98,8 @@ def _newest(results: Path, device: str) -> dict[tuple[str, str], RunRecord]:
         if rec.task != "kernels" or rec.status != "ok" or device_type_of(rec.device) != device:
             continue
         if rec.config.get("launch"):  # a launch-setting variant (configs/kernels-launch*.yaml), not the op's default
+            continue
+        if rec.config.get("compare") == []:  # ours alone: a candidates sweep's baseline, no ratio to give
             continue
         key = (rec.details["op"], rec.details.get("variant") or "default")
         if key not in newest or rec.finished > newest[key].finished:

@@ -28,6 +28,14 @@ def test_a_newer_launch_variant_does_not_replace_the_default(tmp_path):
     assert newest[("linear_attention", "default")].run_id == default.run_id
 
 
+def test_a_newer_record_of_ours_alone_does_not_replace_one_beside_the_peer(tmp_path):
+    beside = _record(tmp_path, "compare=[fla]")  # FLA absent here: the record says so
+    time.sleep(1.1)
+    alone = _record(tmp_path, "compare=[]")
+    assert alone.finished > beside.finished and alone.config["compare"] == []
+    assert _newest(tmp_path, "cpu")[("linear_attention", "default")].run_id == beside.run_id
+
+
 def _linear_and_gdn(tmp_path):
     """A linear and a gdn record of the kernels task on the CPU, and their (H, K)."""
     linear = _record(tmp_path)
