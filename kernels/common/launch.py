@@ -104,13 +104,16 @@ class FusedForwardLaunch(SequentialLaunch):
     B * H >= min_heads; below min_heads, segment_programs > 0 cuts each sequence into
     segments run in parallel until about that many programs run (0: the two-kernel
     forward there). narrow_num_stages (0: num_stages) is the pipeline depth at head dims up to
-    narrow_max_K."""
+    narrow_max_K. decay_on_v: for a scalar gate, each token's decay into the state multiplies
+    its row of the [BT, BV] value tile rather than its column of the [BK, BT] key tile (K / BV
+    times fewer multiplies in the sequential loop, and in the segments' local states)."""
 
     enabled: bool = True
     min_heads: int = 64
     segment_programs: int = 0
     narrow_num_stages: int = 0
     narrow_max_K: int = 64
+    decay_on_v: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

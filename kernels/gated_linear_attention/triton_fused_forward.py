@@ -8,8 +8,12 @@ chunks in order; per chunk it
        wanted, STORE_H off),
     2. writes O_n = scale (Q ⊙ e^gamma) S_n + A V_n, A = scale (Q K^T ⊙ Gamma) (causal),
        with S_n rounded to the state dtype exactly as the output kernel reads it back,
-    3. moves on: S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n.
-So outputs and states equal the two-kernel path's. The price is recomputing A once per
+    3. moves on: S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n, or for a scalar
+       gate with FusedForwardLaunch.decay_on_v, K^T (e^{gamma_C - gamma} ⊙ V_n): the factor
+       of each token on the [BT, BV] value tile rather than the [BK, BT] key tile.
+So outputs and states equal the two-kernel path's (decay_on_v rounds the scaled values
+instead of the scaled keys to 16 bits before the product, so there the states differ from
+it by that rounding). The price is recomputing A once per
 V-block and fewer programs (B * H * V-blocks): with few sequences the chunks of one
 program run one after another. ChunkLaunch.fwd_fused (and its _scalar / _vector
 fields, kernels/common/launch.py) say when it is used: from min_heads sequences (B * H) on. Below that, with
@@ -32,7 +36,7 @@ from kernels.common.triton.gates import GATE_VECTOR
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, chunk_launch, dot_precision, new_buffer, sequential_blocks, warps
 from kernels.gated_linear_attention.triton_segments import segment_entry_states
-from kernels.gated_linear_attention.triton_states import _decay_rows
+from kernels.gated_linear_attention.triton_states import _decay_rows, _decay_value_rows
 
 MAX_K = 128  # the state tile is [K, BV] in registers
 
@@ -43,7 +47,7 @@ def chunk_fwd_fused_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_IN: tl.constexpr, STORE_H: tl.constexpr,
-    STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr,
+    STORE_HT: tl.constexpr, DOT_PREC: tl.constexpr, DECAY_ON_V: tl.constexpr,
 ):
     # program (V-block, head, segment): chunks i_s * CPS .. of one head, from the state
     # entering the segment, h_in[(i_bh * S + i_s)] (h0 itself when S = 1)
@@ -82,7 +86,10 @@ def chunk_fwd_fused_kernel(
                 b_A = tl.where(m_causal, b_A, 0.0) * scale
         b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=DOT_PREC)
         store_tile(o + seq * V, b_o, t0, i_v * BV, T, V, H * V, BT, BV)
-        if GATE == 1:
+        if GATE == 1 and DECAY_ON_V:
+            b_v, b_decay = _decay_value_rows(b_v, gamma, seq, t0, T, H, BT)
+            b_h *= b_decay
+        elif GATE == 1:
             b_kt, b_decay = _decay_rows(b_kt, gamma, seq, t0, T, H, K, BT, BK, 0, GATE, True)
             b_h *= b_decay
         elif GATE == 2:
@@ -166,7 +173,7 @@ def chunk_fwd_fused(
     h_in = h0
     if S > 1:  # the state entering each segment (segments.py)
         h_in = segment_entry_states(k, v, gamma, gate, h0, chunk_size, CPS, BV, dot_precision(q.dtype, cfg.fp32_dots),
-                                    cfg.num_warps)
+                                    cfg.num_warps, cfg.decay_on_v)
     o = new_buffer((B, T, H, V), v.dtype, v.device)
     # without stored states, k stands in for h's pointer (same dtype: the kernel rounds the
     # state it uses to it, as the two-kernel path reads it back)
@@ -178,6 +185,7 @@ def chunk_fwd_fused(
         h if h is not None else k, ht if ht is not None else o, o, scale, T, NT, CPS, S, H=H, K=K, V=V,
         BT=chunk_size, BK=BK, BV=BV, GATE=gate, HAS_A=A is not None, HAS_IN=h_in is not None,
         STORE_H=store_states, STORE_HT=output_final_state,
-        DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.stages_for(K),
+        DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), DECAY_ON_V=cfg.decay_on_v,
+        num_warps=warps(cfg.num_warps), num_stages=cfg.stages_for(K),
     )
     return o, h, ht

@@ -25,7 +25,7 @@ import triton.language as tl
 from kernels.common.triton.gates import GATE_NONE
 from kernels.common.triton.tiles import load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import new_buffer, warps
-from kernels.gated_linear_attention.triton_states import _decay_rows
+from kernels.gated_linear_attention.triton_states import _decay_rows, _decay_value_rows
 
 
 @triton.jit
@@ -33,7 +33,7 @@ def segment_local_states_kernel(
     k, v, gamma, L, D, T, NT, CPS, S,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GATE: tl.constexpr, DOT_PREC: tl.constexpr,
+    GATE: tl.constexpr, DOT_PREC: tl.constexpr, DECAY_ON_V: tl.constexpr,
 ):
     """L: [B * H * (S - 1), K, V], D: [B * H * (S - 1), K] fp32 (segments 0 .. S - 2).
     Grid (cdiv(V, BV), B * H, S - 1)."""
@@ -48,7 +48,11 @@ def segment_local_states_kernel(
         t0 = i_t * BT
         b_kt = load_tile_t(k + seq * K, t0, 0, T, K, H * K, BT, BK)
         b_v = load_tile(v + seq * V, t0, i_v * BV, T, V, H * V, BT, BV)
-        if GATE == 1:
+        if GATE == 1 and DECAY_ON_V:  # the factors on the value rows (FusedForwardLaunch.decay_on_v)
+            b_v, b_decay = _decay_value_rows(b_v, gamma, seq, t0, T, H, BT)
+            b_h *= b_decay
+            b_dec *= b_decay
+        elif GATE == 1:
             b_kt, b_decay = _decay_rows(b_kt, gamma, seq, t0, T, H, K, BT, BK, 0, GATE, True)
             b_h *= b_decay
             b_dec *= b_decay
@@ -87,7 +91,7 @@ def segment_carry_kernel(
 
 def segment_entry_states(
     k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor | None, gate: int, h0: torch.Tensor | None,
-    chunk_size: int, chunks_per_segment: int, BV: int, dot_prec: str, num_warps: int,
+    chunk_size: int, chunks_per_segment: int, BV: int, dot_prec: str, num_warps: int, decay_on_v: bool = False,
 ) -> torch.Tensor:
     """C: [B * H * S, K, V] fp32, the state entering each segment of `chunks_per_segment`
     chunks (S = ceil(NT / chunks_per_segment) >= 2), C[(b * H + h) * S + s].
@@ -106,7 +110,7 @@ def segment_entry_states(
     D = new_buffer((B * H * (S - 1), K), torch.float32, k.device) if gate != GATE_NONE else L
     segment_local_states_kernel[(triton.cdiv(V, BV), B * H, S - 1)](
         k, v, gamma if gamma is not None else k, L, D, T, NT, chunks_per_segment, S,
-        H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate, DOT_PREC=dot_prec,
+        H=H, K=K, V=V, BT=chunk_size, BK=BK, BV=BV, GATE=gate, DOT_PREC=dot_prec, DECAY_ON_V=decay_on_v,
         num_warps=warps(num_warps), num_stages=2,
     )
     C = new_buffer((B * H * S, K, V), torch.float32, k.device)

@@ -30,6 +30,18 @@ from kernels.common.triton.utils import chunk_launch, dot_precision, new_buffer,
 
 
 @triton.jit
+def _decay_value_rows(b_v, gamma, seq, t0, T, H: tl.constexpr, BT: tl.constexpr):
+    """A scalar gate's factors e^{gamma_C - gamma_t} on the rows of a value tile b_v [BT, BV]
+    (token x value), in place of the key tile's columns (_decay_rows, FROM_END): returns
+    (scaled tile in b_v's dtype, e^{gamma_C}). Padded rows get a finite factor; their values
+    are zero."""
+    o_t = t0 + tl.arange(0, BT)
+    b_g = tl.load(gamma + seq + o_t * H, mask=o_t < T, other=0.0)
+    b_glast = tl.load(gamma + seq + (tl.minimum(t0 + BT, T) - 1) * H)
+    return (b_v * tl.exp2(b_glast - b_g)[:, None]).to(b_v.dtype), tl.exp2(b_glast)
+
+
+@triton.jit
 def _decay_rows(b_x, gamma, seq, t0, T, H: tl.constexpr, K: tl.constexpr,
                 BT: tl.constexpr, BK: tl.constexpr, i_k, GATE: tl.constexpr, FROM_END: tl.constexpr):
     """Scale a transposed chunk tile b_x [BK, BT] (feature x token) by its gate factors:

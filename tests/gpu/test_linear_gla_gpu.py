@@ -192,6 +192,25 @@ def test_bf16_fused_forward(monkeypatch, gate, segments):
         assert_each(errors_in(torch.bfloat16), TOL[torch.bfloat16], ROW_TOL[torch.bfloat16], lambda: errors_in(torch.float16))
 
 
+@pytest.mark.parametrize("segments", [0, 1024], ids=["one_segment", "segmented"])
+@pytest.mark.parametrize("gate_kind", ["near0", "strong"])
+def test_bf16_scalar_decay_on_values(gate_kind, segments):
+    """The scalar gate's decay into the state on the value rows (FusedForwardLaunch.decay_on_v),
+    in the fused forward and the segments' local states, forced on at B * H = 2, T = 8,192."""
+    from kernels.common.launch import launch_settings
+    from tests.launch_util import CHUNK_OPS, each, fused_forward_changes
+
+    fused = fused_forward_changes(min_heads=10**6 if segments else 1, segment_programs=segments, decay_on_v=True)
+
+    def errors_in(dtype):
+        tensors, h0 = make_inputs(1, 8192, 2, 128, 128, dtype, "scalar", gate_kind, seed=78)
+        return check_against_fp64(tensors, h0, label=f"{dtype_name(dtype)} decay on v/{segments} T=8192 "
+                                                       f"gate=scalar/{gate_kind}")
+
+    with launch_settings(**each(CHUNK_OPS, fused)):
+        assert_each(errors_in(torch.bfloat16), TOL[torch.bfloat16], ROW_TOL[torch.bfloat16], lambda: errors_in(torch.float16))
+
+
 @pytest.mark.parametrize("gate", ["none", "scalar"])
 def test_bf16_fused_forward_three_stages_at_k64(gate):
     """The fused forward at three pipeline stages at K = 64 (FusedForwardLaunch.narrow_num_stages,

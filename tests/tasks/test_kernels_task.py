@@ -182,12 +182,13 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                                       "state_bwd": {"few_program_stages": 3, "few_program_waves": 1,
                                                     "max_K": max_K}}}, both)
         for max_K in (64, 256)]
-    # the untimed candidate and those of the last call first, after the defaults they are read
+    # the untimed candidates and those of the last call first, after the defaults they are read
     # against (no change)
     factors_on_v = ("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}, "seq": {"min_waves": 1},
                                                  "state_bwd": {"few_program_stages": 3, "few_program_waves": 1,
                                                                "factors_on_v": True}}}, bwd)
     assert changed == [("gdn", {}, both), ("gdn", {"gated_delta_rule": {"state_bwd": {"min_heads": 128}}}, bwd),
+                       ("gla", {"gated_linear_attention": {"fwd_fused_scalar": {"decay_on_v": True}}}, both),
                        ("gla", {}, both), *gdn_at_deltanet_defaults, factors_on_v,
                        *[("gla", {"gated_linear_attention": {"bwd_dqk": dqk}}, bwd)
                          for dqk in ({"fuse_dv": True}, {"fuse_dv": True, "BK": 128, "num_warps": 8})],

@@ -293,6 +293,49 @@ def test_segmented_fused_forward_matches_reference(compare, monkeypatch, launch,
     assert calls, "the segmented path did not run"
 
 
+@pytest.mark.parametrize("target", [0, 6], ids=["one_segment", "3_segments"])
+def test_decay_on_values_matches_reference(compare, monkeypatch, launch, target):
+    """The scalar gate's decay into the state on the value rows (FusedForwardLaunch.decay_on_v),
+    in the fused forward and in the segments' local states, from an initial state, with the
+    final state and every gradient; the launches say they took it."""
+    from kernels.gated_linear_attention import triton_fused_forward as fused_forward
+    from kernels.gated_linear_attention import triton_segments
+    from tests.launch_util import LaunchSpy
+
+    seen = []
+    for module, name in ((fused_forward, "chunk_fwd_fused_kernel"), (triton_segments, "segment_local_states_kernel")):
+        monkeypatch.setattr(module, name, LaunchSpy(getattr(module, name), lambda kw: seen.append(kw["DECAY_ON_V"])))
+    launch(**each(CHUNK_OPS, fused_forward_changes(min_heads=10**6 if target else 1, segment_programs=target,
+                                                   decay_on_v=True)))
+    tensors, h0 = make_inputs(1, 300, 2, 16, 16, torch.float32, False, seed=33)
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+    assert seen and all(seen) and len(seen) == (2 if target else 1), seen
+
+
+def test_decay_on_values_states_near_the_two_kernels():
+    """fp16, strong scalar gates, 130 tokens: the fused forward with the decay on the value rows
+    against the two-kernel path, states and outputs equal up to where the scaled values, not
+    the scaled keys, round to fp16."""
+    from kernels.common.launch import launch_settings
+    from kernels.common.triton.cumsum import chunk_local_cumsum
+    from kernels.common.triton.gates import GATE_SCALAR, LOG2E
+    from kernels.gated_linear_attention.triton_fused_forward import chunk_fwd_fused
+    from kernels.gated_linear_attention.triton_output import chunk_fwd_output
+    from kernels.gated_linear_attention.triton_states import chunk_fwd_states
+    from tests.util import rel_err
+
+    tensors, h0 = make_inputs(2, 130, 1, 32, 32, torch.float16, False, seed=24)
+    q, k, v = (tensors[n].contiguous() for n in ("q", "k", "v"))
+    gamma = chunk_local_cumsum(8 * tensors["g"].float(), 64, LOG2E)
+    with launch_settings(gated_linear_attention={"fwd_fused_scalar": {"decay_on_v": True, "min_heads": 1}}):
+        o, h, ht = chunk_fwd_fused(q, k, v, gamma, GATE_SCALAR, None, h0, True, 0.2, 64)
+    h2, ht2 = chunk_fwd_states(k, v, gamma, GATE_SCALAR, h0, True, 64)
+    o2 = chunk_fwd_output(q, k, v, h2, gamma, GATE_SCALAR, None, 0.2, 64)
+    assert not torch.equal(ht, ht2)  # the other rounding did run
+    for ours, base in ((h, h2), (ht, ht2), (o, o2)):
+        assert rel_err(ours.float(), base.float()) < 2e-3
+
+
 def test_segments_split_the_chunks():
     from kernels.gated_linear_attention.triton_fused_forward import chunks_per_segment
 
