@@ -7,7 +7,8 @@ A segment is CPS consecutive chunks. Two passes:
      S_{n+1} = e^{gamma_C} S_n + (K ⊙ e^{gamma_C - gamma})^T V_n, and stores the segment's
      local final state L_s (fp32) and its total decay D_s, the product of the chunks'
      e^{gamma_C} (stored per key row: equal entries for a scalar gate, nothing without a
-     gate). Fully parallel. No segment starts from the last one's L and D, so they are not
+     gate); a scalar gate's factors go on V's rows instead with decay_on_v (as in the fused
+     forward). Fully parallel. No segment starts from the last one's L and D, so they are not
      formed: the pass reads (S - 1) / S of k and v (the final state comes from the fused
      forward's own walk of the last segment).
   2. segment_carry: C_0 = h0 (or 0) and C_{s+1} = D_s ⊙ C_s + L_s, one program per (V-block,
@@ -97,7 +98,8 @@ def segment_entry_states(
     chunks (S = ceil(NT / chunks_per_segment) >= 2), C[(b * H + h) * S + s].
 
     k: [B, T, H, K] (K <= 128); v: [B, T, H, V]; gamma: cumulative log2-gates [B, T, H] or
-    [B, T, H, K] fp32, or None; h0: [B, H, K, V] fp32 or None."""
+    [B, T, H, K] fp32, or None; h0: [B, H, K, V] fp32 or None. decay_on_v: a scalar gate's
+    factors on the value rows (FusedForwardLaunch.decay_on_v)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, chunk_size)
