@@ -177,31 +177,13 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-candidates.yaml"), "cuda")
     changed = [(p.mixer, p.config["launch"], p.config["phases"]) for p in plan.points]
     both, bwd = ["fwd", "fwdbwd"], ["fwdbwd"]
-    gdn_at_deltanet_defaults = [
-        ("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}, "seq": {"min_waves": 1},
-                                      "state_bwd": {"few_program_stages": 3, "few_program_waves": 1,
-                                                    "max_K": max_K}}}, both)
-        for max_K in (64, 256)]
-    # the untimed candidates and those of the last call first, after the defaults they are read
-    # against (no change)
-    factors_on_v = ("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}, "seq": {"min_waves": 1},
-                                                 "state_bwd": {"few_program_stages": 3, "few_program_waves": 1,
-                                                               "factors_on_v": True}}}, bwd)
+    # the untimed candidates, each after the defaults it is read against (no change)
     assert changed == [("gdn", {}, both), ("gdn", {"gated_delta_rule": {"state_bwd": {"min_heads": 128}}}, bwd),
                        ("gla", {"gated_linear_attention": {"fwd_fused_scalar": {"decay_on_v": True}}}, both),
-                       ("gla", {}, both), *gdn_at_deltanet_defaults, factors_on_v,
-                       *[("gla", {"gated_linear_attention": {"bwd_dqk": dqk}}, bwd)
-                         for dqk in ({"fuse_dv": True}, {"fuse_dv": True, "BK": 128, "num_warps": 8})],
-                       ("gla", {"gated_linear_attention": {"fwd_fused_scalar": {"narrow_num_stages": 3}}}, ["fwd"]),
-                       ("deltanet", {"delta_rule": {"seq": {"min_waves": 1}}}, both),
-                       ("gdn", {"gated_delta_rule": {"seq": {"min_waves": 1}}}, both),
+                       ("gla", {}, both), ("lin_gdn", {}, both),
                        ("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "scan"}}, both),
-                       ("deltanet", {"delta_rule": {"dqkw": {"dk_part_16bit": True}}}, bwd),
-                       ("gdn", {"gated_delta_rule": {"dqkw": {"dk_part_16bit": True}}}, bwd),
                        *[("lin_gdn", {"linearized_softmax_gdn": {"prep": {"segment_rows": rows}}}, both)
-                         for rows in (2048, 8192)],
-                       ("gdn", {"gated_delta_rule": {"state_bwd": {"few_program_stages": 3, "few_program_waves": 1}}},
-                        bwd)]
+                         for rows in (2048, 8192)]]
     assert all(p.config["mixer"]["gate"] == "scalar" for p in plan.points if p.mixer == "gla")
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
