@@ -106,7 +106,8 @@ class FusedForwardLaunch(SequentialLaunch):
     forward there). narrow_num_stages (0: num_stages) is the pipeline depth at head dims up to
     narrow_max_K. decay_on_v: for a scalar gate, each token's decay into the state multiplies
     its row of the [BT, BV] value tile rather than its column of the [BK, BT] key tile (K / BV
-    times fewer multiplies in the sequential loop, and in the segments' local states)."""
+    times fewer multiplies in the sequential loop, and in the segments' local states); in the
+    fused pass at head dims up to narrow_max_K only with narrow_decay_on_v (`decay_on_v_for`)."""
 
     enabled: bool = True
     min_heads: int = 64
@@ -114,6 +115,7 @@ class FusedForwardLaunch(SequentialLaunch):
     narrow_num_stages: int = 0
     narrow_max_K: int = 64
     decay_on_v: bool = False
+    narrow_decay_on_v: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -124,6 +126,10 @@ class FusedForwardLaunch(SequentialLaunch):
     def stages_for(self, K: int) -> int:
         """num_stages at key width K: narrow_num_stages up to narrow_max_K where it is set (> 0)."""
         return self.narrow_num_stages if self.narrow_num_stages and K <= self.narrow_max_K else self.num_stages
+
+    def decay_on_v_for(self, K: int) -> bool:
+        """Whether the fused pass at key width K puts a scalar gate's decay on the value rows."""
+        return self.decay_on_v and (K > self.narrow_max_K or self.narrow_decay_on_v)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -611,7 +617,14 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
         # 0.52 ms, and 0.46 -> 0.44 in an earlier call, moves with the host); at K = 128 three
         # stages were much slower, 0.52 -> 0.81 ms at 2k (one H100, records 20261207T080521,
         # T080603, T054910-T054930; GPU-tested 2026-12-07)
-        fwd_fused_scalar=dataclasses.replace(ChunkLaunch.fwd_fused_scalar, narrow_num_stages=3),
+        # each token's decay on its value row (decay_on_v), in the segments' local states and
+        # in the fused pass above K = 64: the forward at K = 128, T = 2k / 8k / 32k 0.500 / 0.705 /
+        # 0.742 -> 0.463 / 0.640 / 0.684 ms (fused kernel 475 / 501 / 488 -> 439 / 447 / 445 us),
+        # at K = 64, 32k the local states 213 -> 177 us; the fused pass at K = 64 with it 360 /
+        # 498 / 368 -> 361 / 570 / 370 us, slower where narrowed V-blocks walk 128 chunks at 8k
+        # (one H100, Triton 3.7.1, records 20261207T085505, T085522; GPU-tested 2026-12-07)
+        fwd_fused_scalar=dataclasses.replace(ChunkLaunch.fwd_fused_scalar, narrow_num_stages=3, decay_on_v=True,
+                                             narrow_decay_on_v=False),
     ),
     # DeltaNet's dq/dk/dW kernel over the whole V at once (dqkw BV 128) took K = 128, T = 2k /
     # 8k / 32k from 1,481-1,500 to 1,375 / 1,380 / 1,382 us, K = 64 unchanged (one H100,

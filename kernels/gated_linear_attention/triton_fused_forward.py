@@ -185,7 +185,7 @@ def chunk_fwd_fused(
         h if h is not None else k, ht if ht is not None else o, o, scale, T, NT, CPS, S, H=H, K=K, V=V,
         BT=chunk_size, BK=BK, BV=BV, GATE=gate, HAS_A=A is not None, HAS_IN=h_in is not None,
         STORE_H=store_states, STORE_HT=output_final_state,
-        DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), DECAY_ON_V=cfg.decay_on_v,
+        DOT_PREC=dot_precision(q.dtype, cfg.fp32_dots), DECAY_ON_V=cfg.decay_on_v_for(K),
         num_warps=warps(cfg.num_warps), num_stages=cfg.stages_for(K),
     )
     return o, h, ht

@@ -306,10 +306,33 @@ def test_decay_on_values_matches_reference(compare, monkeypatch, launch, target)
     for module, name in ((fused_forward, "chunk_fwd_fused_kernel"), (triton_segments, "segment_local_states_kernel")):
         monkeypatch.setattr(module, name, LaunchSpy(getattr(module, name), lambda kw: seen.append(kw["DECAY_ON_V"])))
     launch(**each(CHUNK_OPS, fused_forward_changes(min_heads=10**6 if target else 1, segment_programs=target,
-                                                   decay_on_v=True)))
+                                                   decay_on_v=True, narrow_decay_on_v=True)))
     tensors, h0 = make_inputs(1, 300, 2, 16, 16, torch.float32, False, seed=33)
     compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
     assert seen and all(seen) and len(seen) == (2 if target else 1), seen
+
+
+@pytest.mark.parametrize("K", [16, 128])
+def test_decay_on_values_by_default_above_k64_and_in_the_segments(compare, monkeypatch, launch, K):
+    """GLA's defaults: the segments' local states take the decay on the value rows at every head
+    dim, the fused pass only above narrow_max_K (64), where it was timed faster; both forms
+    give the reference's outputs, final state and gradients."""
+    from kernels.common.launch import DEFAULTS
+    from kernels.gated_linear_attention import triton_fused_forward as fused_forward
+    from kernels.gated_linear_attention import triton_segments
+    from tests.launch_util import LaunchSpy
+
+    fused = DEFAULTS["gated_linear_attention"].fwd_fused_scalar
+    assert fused.decay_on_v and not fused.narrow_decay_on_v and fused.narrow_max_K == 64
+    seen = {}
+    for module, name in ((fused_forward, "chunk_fwd_fused_kernel"), (triton_segments, "segment_local_states_kernel")):
+        monkeypatch.setattr(module, name, LaunchSpy(getattr(module, name),
+                                                    lambda kw, name=name: seen.setdefault(name, kw["DECAY_ON_V"])))
+    # segments forced at B * H = 2 (the defaults' other fields kept)
+    launch(gated_linear_attention={"fwd_fused_scalar": {"min_heads": 10**6, "segment_programs": 6}})
+    tensors, h0 = make_inputs(1, 300, 2, K, 16, torch.float32, False, seed=35)
+    compare(gated_linear_attention, tensors, h0, TOL[torch.float32])
+    assert seen == {"chunk_fwd_fused_kernel": K > 64, "segment_local_states_kernel": True}, seen
 
 
 def test_decay_on_values_states_near_the_two_kernels():
@@ -327,7 +350,8 @@ def test_decay_on_values_states_near_the_two_kernels():
     tensors, h0 = make_inputs(2, 130, 1, 32, 32, torch.float16, False, seed=24)
     q, k, v = (tensors[n].contiguous() for n in ("q", "k", "v"))
     gamma = chunk_local_cumsum(8 * tensors["g"].float(), 64, LOG2E)
-    with launch_settings(gated_linear_attention={"fwd_fused_scalar": {"decay_on_v": True, "min_heads": 1}}):
+    with launch_settings(gated_linear_attention={"fwd_fused_scalar": {"decay_on_v": True, "narrow_decay_on_v": True,
+                                                                      "min_heads": 1}}):
         o, h, ht = chunk_fwd_fused(q, k, v, gamma, GATE_SCALAR, None, h0, True, 0.2, 64)
     h2, ht2 = chunk_fwd_states(k, v, gamma, GATE_SCALAR, h0, True, 64)
     o2 = chunk_fwd_output(q, k, v, h2, gamma, GATE_SCALAR, None, 0.2, 64)
