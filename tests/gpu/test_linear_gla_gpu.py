@@ -173,6 +173,27 @@ def test_fp32_vector_partial_blocks(gate_kind):
     assert_each(errors, TRITON_DECAY_TOL, TRITON_DECAY_TOL)
 
 
+@pytest.mark.parametrize("shape", [(2, 32767, 32), (8, 8192, 16), (1, 8191, 16, 128)],
+                         ids=["scalar_32_heads", "scalar_16_heads", "vector"])
+def test_chunk_local_cumsum_rounds_once(shape):
+    """The chunk-local cumulative log2-gates at the benchmark's shapes (several heads' columns a
+    program, a partial last chunk): each within one fp32 ulp of the chunk's exact fp64 sum,
+    on strong gates with some -inf (raised to the floor)."""
+    from kernels.common.triton.cumsum import chunk_local_cumsum
+    from kernels.common.triton.gates import GATE_FLOOR_LOG2, LOG2E
+
+    gen = torch.Generator(device="cuda").manual_seed(sum(shape))
+    g = -2.0 - 7.0 * torch.rand(shape, device="cuda", generator=gen)
+    g[:, 5] = float("-inf")
+    ours = chunk_local_cumsum(g, 64, LOG2E)
+    T, pad = shape[1], -shape[1] % 64
+    r = torch.clamp(g.double() * LOG2E, min=GATE_FLOOR_LOG2)
+    r = F.pad(r.movedim(1, -1), (0, pad)).unflatten(-1, (-1, 64)).cumsum(-1).flatten(-2)[..., :T].movedim(-1, 1)
+    ulp = torch.finfo(torch.float32).eps * r.abs().clamp(min=1.0)
+    assert ours.dtype == torch.float32 and torch.isfinite(ours).all()
+    assert ((ours.double() - r).abs() / ulp).max().item() <= 1.0
+
+
 @pytest.mark.parametrize("segments", [0, 1024], ids=["one_segment", "segmented"])
 @pytest.mark.parametrize("gate", ["none", "scalar", "vector"])
 def test_bf16_fused_forward(monkeypatch, gate, segments):

@@ -25,35 +25,34 @@ and every difference of two of them, the kernels' exp2(gamma_i - gamma_j), is a 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels.common.triton.gates import GATE_FLOOR_C, LOG2E
 from kernels.common.triton.tiles import load_tile, store_tile
-from kernels.common.triton.utils import block_size, new_buffer
+from kernels.common.triton.utils import new_buffer
+
+# columns a program scans side by side: a [64, 64] fp64 tile is 32 values a thread at 4 warps
+MAX_COLUMNS = 64
 
 
 @triton.jit
 def chunk_local_cumsum_kernel(
     g, out, scale, T,
-    H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-    VECTOR: tl.constexpr, REVERSE: tl.constexpr,
+    C: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, REVERSE: tl.constexpr,
 ):
-    i_t, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    # row 0 of this (batch, head) sequence, in elements of a [B, T, H] tensor
-    seq = i_b.to(tl.int64) * T * H + i_h
-    o_t = i_t * BT + tl.arange(0, BT)
+    # g viewed as [B, T, C] (C = H, or H * D for a vector gate): a program scans one [BT, BC]
+    # tile down its rows, neighbouring heads' columns side by side, so it loads and stores runs
+    # of contiguous memory rather than one strided value a row
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq = i_b.to(tl.int64) * T * C
     floor = GATE_FLOOR_C / scale  # in g's units: gates at or above it are summed exactly as they are
-    if VECTOR:
-        b_g = load_tile(g + seq * D, i_t * BT, i_d * BD, T, D, H * D, BT, BD).to(tl.float32)
-        b_o = tl.cumsum(tl.maximum(b_g, floor).to(tl.float64), axis=0, reverse=REVERSE) * scale
-        store_tile(out + seq * D, b_o.to(tl.float32), i_t * BT, i_d * BD, T, D, H * D, BT, BD)
-    else:
-        b_g = tl.load(g + seq + o_t * H, mask=o_t < T, other=0.0).to(tl.float32)
-        b_o = tl.cumsum(tl.maximum(b_g, floor).to(tl.float64), axis=0, reverse=REVERSE) * scale
-        tl.store(out + seq + o_t * H, b_o.to(tl.float32), mask=o_t < T)
+    b_g = load_tile(g + seq, i_t * BT, i_c * BC, T, C, C, BT, BC).to(tl.float32)
+    b_o = tl.cumsum(tl.maximum(b_g, floor).to(tl.float64), axis=0, reverse=REVERSE) * scale
+    store_tile(out + seq, b_o.to(tl.float32), i_t * BT, i_c * BC, T, C, C, BT, BC)
 
 
 def chunk_local_cumsum(
@@ -65,13 +64,10 @@ def chunk_local_cumsum(
     Zero padding past T is neutral, so a partial last chunk needs no special case. Gates
     below GATE_FLOOR_LOG2 / scale count as that floor (scale > 0).
     """
-    vector = g.dim() == 4
-    B, T, H = g.shape[:3]
-    D = g.shape[3] if vector else 1
-    BD = block_size(D) if vector else 1
+    B, T = g.shape[:2]
+    C = math.prod(g.shape[2:])  # H, or H * D
+    BC = min(triton.next_power_of_2(C), MAX_COLUMNS)
     out = new_buffer(tuple(g.shape), torch.float32, g.device)
-    grid = (triton.cdiv(T, chunk_size), triton.cdiv(D, BD), B * H)
-    chunk_local_cumsum_kernel[grid](
-        g, out, scale, T, H=H, D=D, BT=chunk_size, BD=BD, VECTOR=vector, REVERSE=reverse,
-    )
+    grid = (triton.cdiv(T, chunk_size), triton.cdiv(C, BC), B)
+    chunk_local_cumsum_kernel[grid](g, out, scale, T, C=C, BT=chunk_size, BC=BC, REVERSE=reverse)
     return out

@@ -51,6 +51,17 @@ def test_chunk_local_cumsum_rounds_once(T, vector, reverse):
     assert_within_an_ulp(ours, exact_chunk_sums(g, reverse))
 
 
+@pytest.mark.parametrize("shape", [(3, 100, 70), (2, 130, 5, 40)], ids=["scalar_70_heads", "vector_5x40"])
+def test_chunk_local_cumsum_over_several_column_blocks(shape):
+    """More heads (or heads x key columns) than one program scans: the column blocks, the last
+    one partial, each restart at every chunk and leave the others' sums alone."""
+    from kernels.common.triton.cumsum import MAX_COLUMNS, chunk_local_cumsum
+
+    assert shape[2] * (shape[3] if len(shape) == 4 else 1) > MAX_COLUMNS
+    g = strong_gates(shape, seed=sum(shape))
+    assert_within_an_ulp(chunk_local_cumsum(g, CHUNK, LOG2E), exact_chunk_sums(g))
+
+
 @pytest.mark.parametrize("T", [100, 192])
 def test_gated_delta_rule_gamma_rounds_once(T):
     from kernels.gated_delta_rule.triton_wy import wy_fwd
