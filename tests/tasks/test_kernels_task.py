@@ -178,16 +178,17 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     changed = [(p.mixer, p.config["launch"], p.config["phases"]) for p in plan.points]
     both, bwd = ["fwd", "fwdbwd"], ["fwdbwd"]
     # the untimed candidates, each after the defaults it is read against (no change)
-    assert changed == [("gdn", {}, both), ("gdn", {"gated_delta_rule": {"state_bwd": {"min_heads": 128}}}, bwd),
-                       ("gla", {"gated_linear_attention": {"fwd_fused_scalar": {"decay_on_v": True}}}, both),
-                       ("gla", {}, both), ("lin_gdn", {}, both),
+    assert changed == [("gla", {}, both), ("gla", {"gated_linear_attention": {"fwd_fused_scalar": {"min_waves": 1}}}, both),
+                       ("linear", {}, both), ("linear", {"linear_attention": {"fwd_fused": {"min_heads": 128}}}, both),
+                       ("lin_gdn", {}, both),
                        ("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "scan"}}, both),
                        *[("lin_gdn", {"linearized_softmax_gdn": {"prep": {"segment_rows": rows}}}, both)
                          for rows in (2048, 8192)]]
     assert all(p.config["mixer"]["gate"] == "scalar" for p in plan.points if p.mixer == "gla")
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
-    # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64
+    # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64,
+    # a scalar gate's decay on the value rows in the segments and above K = 64
     delta, gated = as_dict(DEFAULTS["delta_rule"]), as_dict(DEFAULTS["gated_delta_rule"])
     for rule in (delta, gated):
         assert rule["seq"]["min_waves"] == 1 and rule["dqkw"]["dk_part_16bit"]
@@ -195,6 +196,8 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     assert gated["state_bwd"]["factors_on_v"] and gated["state_bwd"]["max_K"] == 64
     assert as_dict(DEFAULTS["linearized_softmax_gdn"])["mean_form"] == "auto"
     assert as_dict(DEFAULTS["linearized_softmax_gdn"])["prep"]["segment_rows"] == 0
+    scalar = as_dict(DEFAULTS["gated_linear_attention"])["fwd_fused_scalar"]
+    assert scalar["decay_on_v"] and not scalar["narrow_decay_on_v"]
     gla = as_dict(DEFAULTS["gated_linear_attention"])
     assert gla["bwd_dqk"]["fuse_dv"] and as_dict(DEFAULTS["linear_attention"])["bwd_dqk"]["fuse_dv"]
     assert (gla["bwd_dqk"]["BK"], gla["fwd_fused_scalar"]["narrow_num_stages"]) == (64, 3)
