@@ -537,7 +537,9 @@ class PrepLaunch(KernelLaunch):
     triangular ones (kernels/common/triton/prefix.py; at most 64 rows a step). segment_rows
     (0: off): sequences longer than this many rows (a power of two, at least 64: whole
     chunks) are scanned in segments of that many rows, each by its own programs, after a
-    pass that sums each segment."""
+    pass that sums each segment; segment_max_heads (0: any): only where B * H is at most this
+    many sequences of heads (with more, the programs already fill the GPU and the extra pass
+    costs)."""
 
     max_BD: int = 64
     min_BD: int = 16
@@ -546,6 +548,7 @@ class PrepLaunch(KernelLaunch):
     fwd_by_dot: bool = False
     bwd_by_dot: bool = False
     segment_rows: int = 0
+    segment_max_heads: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -553,6 +556,13 @@ class PrepLaunch(KernelLaunch):
         _check_pow2(self, "min_BD")
         if self.segment_rows and (self.segment_rows < 64 or self.segment_rows & (self.segment_rows - 1)):
             raise ValueError(f"PrepLaunch.segment_rows must be 0 (off) or a power of two >= 64, got {self.segment_rows!r}")
+        if self.segment_max_heads < 0:
+            raise ValueError(f"PrepLaunch.segment_max_heads must be >= 0 (0: any), got {self.segment_max_heads!r}")
+
+    def segments_at(self, n_heads: int, T: int) -> bool:
+        """Whether B * H = n_heads sequences of T rows are scanned in segments."""
+        return (bool(self.segment_rows) and T > self.segment_rows
+                and (not self.segment_max_heads or n_heads <= self.segment_max_heads))
 
 
 MEAN_FORMS = ("auto", "scan", "dots")  # LinGdnLaunch.mean_form
@@ -609,7 +619,14 @@ class LinGdnLaunch:
 _DQK_FUSED_DV = DqkLaunch(BK=64, BV=64, num_warps=4, num_stages=2, fuse_dv=True)
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType({
-    "linear_attention": ChunkLaunch(bwd_dqk=_DQK_FUSED_DV),
+    # segments from 64 sequences of heads down (min_heads 128): at K = 64, T = 32k (64 sequences,
+    # one program walking 512 chunks) forward 0.783 -> 0.610 ms, forward+backward 2.200 -> 2.067;
+    # elsewhere unchanged (one H100, Triton 3.7.1, records 20261207T092139, T092147; segments
+    # GPU-tested 2026-12-07)
+    "linear_attention": ChunkLaunch(
+        bwd_dqk=_DQK_FUSED_DV,
+        fwd_fused=dataclasses.replace(ChunkLaunch.fwd_fused, min_heads=128),
+    ),
     "gated_linear_attention": ChunkLaunch(
         bwd_dqk=_DQK_FUSED_DV,
         # the scalar-gate fused forward at three stages for K <= 64: that kernel 397 / 619 / 403
@@ -623,8 +640,12 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
         # at K = 64, 32k the local states 213 -> 177 us; the fused pass at K = 64 with it 360 /
         # 498 / 368 -> 361 / 570 / 370 us, slower where narrowed V-blocks walk 128 chunks at 8k
         # (one H100, Triton 3.7.1, records 20261207T085505, T085522; GPU-tested 2026-12-07)
+        # narrowed only below one wave of programs (min_waves 1): at K = 64, T = 8k (256 sequences
+        # of heads) 64-column blocks rather than 32, forward 0.517 -> 0.404 ms (fused kernel 501
+        # -> 387 us), forward+backward 2.213 -> 2.155; elsewhere within 1 % (one H100, Triton
+        # 3.7.1, records 20261207T092122, T092138)
         fwd_fused_scalar=dataclasses.replace(ChunkLaunch.fwd_fused_scalar, narrow_num_stages=3, decay_on_v=True,
-                                             narrow_decay_on_v=False),
+                                             narrow_decay_on_v=False, min_waves=1),
     ),
     # DeltaNet's dq/dk/dW kernel over the whole V at once (dqkw BV 128) took K = 128, T = 2k /
     # 8k / 32k from 1,481-1,500 to 1,375 / 1,380 / 1,382 us, K = 64 unchanged (one H100,
@@ -657,7 +678,13 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
         seq=NarrowingLaunch(min_BV=32, min_waves=1),
     ),
     "mesa": MesaLaunch(),
-    "linearized_softmax_gdn": LinGdnLaunch(),
+    # the running-mean scans in segments of 2,048 rows where at most 64 sequences of heads run:
+    # at T = 32k (32 and 64 sequences) forward 2.82 / 2.90 -> 2.58 / 2.67 ms and forward+backward
+    # 7.67 / 7.73 -> 7.28 / 7.34 at K = 128 / 64; at 8k (128 and 256 sequences) segments were
+    # slower, 2.25 -> 2.41 and 6.71 -> 7.17 at K = 128; segments of 8,192 rows gained 2 % at 32k
+    # (one H100, Triton 3.7.1, records 20261207T092148-T092238; segments GPU-tested 2026-12-07)
+    "linearized_softmax_gdn": LinGdnLaunch(
+        prep=dataclasses.replace(LinGdnLaunch.prep, segment_rows=2048, segment_max_heads=64)),
 })
 
 _OVERRIDES: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(

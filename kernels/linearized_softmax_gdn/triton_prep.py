@@ -191,11 +191,11 @@ def prep_launch() -> PrepLaunch:
 
 def launch_blocks(n_seq: int, D: int, T: int, cfg: PrepLaunch, by_dot: bool) -> tuple[int, int, int, int]:
     """(BT, BD, NS, SEG_T): NS segments of SEG_T rows (one segment of all the tiles unless
-    cfg.segment_rows splits T); BD halved from cfg.max_BD while n_seq * NS * cdiv(D, BD)
+    cfg.segment_rows splits T, PrepLaunch.segments_at); BD halved from cfg.max_BD while n_seq * NS * cdiv(D, BD)
     programs are too few, then BT = tile_elems / BD rows per step (at most T rounded up to a
     power of two, at least 16, and at most DOT_ROWS when by_dot: the [BT, BT] matrix of ones
     stays in registers); SEG_T the larger of segment_rows and BT (powers of two both)."""
-    split = bool(cfg.segment_rows) and T > cfg.segment_rows
+    split = cfg.segments_at(n_seq, T)
     ns = triton.cdiv(T, cfg.segment_rows) if split else 1
     bd = max(cfg.min_BD, min(cfg.max_BD, triton.next_power_of_2(D)))
     while bd > cfg.min_BD and n_seq * ns * triton.cdiv(D, bd) < cfg.min_programs:

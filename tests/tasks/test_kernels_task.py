@@ -188,16 +188,21 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
     # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64,
-    # a scalar gate's decay on the value rows in the segments and above K = 64
+    # a scalar gate's decay on the value rows in the segments and above K = 64, its fused pass
+    # narrowed below one wave only, linear's segments at 64 sequences of heads, lin_gdn's
+    # running-mean scans in segments at up to 64
     delta, gated = as_dict(DEFAULTS["delta_rule"]), as_dict(DEFAULTS["gated_delta_rule"])
     for rule in (delta, gated):
         assert rule["seq"]["min_waves"] == 1 and rule["dqkw"]["dk_part_16bit"]
         assert (rule["state_bwd"]["few_program_stages"], rule["state_bwd"]["few_program_waves"]) == (3, 1)
     assert gated["state_bwd"]["factors_on_v"] and gated["state_bwd"]["max_K"] == 64
     assert as_dict(DEFAULTS["linearized_softmax_gdn"])["mean_form"] == "auto"
-    assert as_dict(DEFAULTS["linearized_softmax_gdn"])["prep"]["segment_rows"] == 0
+    prep = as_dict(DEFAULTS["linearized_softmax_gdn"])["prep"]
+    assert (prep["segment_rows"], prep["segment_max_heads"]) == (2048, 64)
+    fused = as_dict(DEFAULTS["linear_attention"])["fwd_fused"]
+    assert fused["min_heads"] == 128
     scalar = as_dict(DEFAULTS["gated_linear_attention"])["fwd_fused_scalar"]
-    assert scalar["decay_on_v"] and not scalar["narrow_decay_on_v"]
+    assert scalar["decay_on_v"] and not scalar["narrow_decay_on_v"] and scalar["min_waves"] == 1
     gla = as_dict(DEFAULTS["gated_linear_attention"])
     assert gla["bwd_dqk"]["fuse_dv"] and as_dict(DEFAULTS["linear_attention"])["bwd_dqk"]["fuse_dv"]
     assert (gla["bwd_dqk"]["BK"], gla["fwd_fused_scalar"]["narrow_num_stages"]) == (64, 3)

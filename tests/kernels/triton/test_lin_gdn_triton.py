@@ -378,6 +378,21 @@ def test_prep_in_segments_matches_loop(launch, bf16_dots, monkeypatch, T, K, V, 
         launch(linearized_softmax_gdn={"prep": {"segment_rows": 96}})
 
 
+def test_prep_segments_only_up_to_segment_max_heads():
+    """PrepLaunch.segment_max_heads: sequences longer than segment_rows are scanned in segments
+    only where B * H is at most that many; 0 lifts the limit; a negative count is an error."""
+    from kernels.common.launch import PrepLaunch
+
+    cfg = PrepLaunch(segment_rows=2048, segment_max_heads=64)
+    assert [cfg.segments_at(n, 32768) for n in (32, 64, 128)] == [True, True, False]
+    assert not cfg.segments_at(32, 2048)  # one segment's rows: nothing to split
+    assert triton_prep.launch_blocks(64, 128, 32768, cfg, True)[2:] == (16, 2048)
+    assert triton_prep.launch_blocks(128, 128, 32768, cfg, True)[2] == 1
+    assert PrepLaunch(segment_rows=2048).segments_at(4096, 32768)
+    with pytest.raises(ValueError, match="segment_max_heads must be >= 0"):
+        PrepLaunch(segment_max_heads=-1)
+
+
 @pytest.mark.parametrize(("count", "dt"), [(0, torch.float64), (7, torch.float64), (7, torch.float32)])
 def test_running_mean_torch_matches_loop(count, dt):
     """running_mean_torch (the preprocessing of fp64 inputs, cumulative sums) against
