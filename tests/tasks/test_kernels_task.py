@@ -178,12 +178,10 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     changed = [(p.mixer, p.config["launch"], p.config["phases"]) for p in plan.points]
     both, bwd = ["fwd", "fwdbwd"], ["fwdbwd"]
     # the untimed candidates, each after the defaults it is read against (no change)
-    assert changed == [("gla", {}, both), ("gla", {"gated_linear_attention": {"fwd_fused_scalar": {"min_waves": 1}}}, both),
-                       ("linear", {}, both), ("linear", {"linear_attention": {"fwd_fused": {"min_heads": 128}}}, both),
-                       ("lin_gdn", {}, both),
-                       ("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "scan"}}, both),
-                       *[("lin_gdn", {"linearized_softmax_gdn": {"prep": {"segment_rows": rows}}}, both)
-                         for rows in (2048, 8192)]]
+    assert changed == [("gla", {}, bwd), ("gla", {"gated_linear_attention": {"bwd_states": {"min_waves": 1}}}, bwd),
+                       ("linear", {}, bwd), ("linear", {"linear_attention": {"bwd_states": {"min_waves": 1}}}, bwd),
+                       ("gdn", {}, both), ("gdn", {"gated_delta_rule": {"wy_fwd": {"num_warps": 4}}}, ["fwd"]),
+                       ("gdn", {"gated_delta_rule": {"wy_bwd": {"num_stages": 2}}}, bwd)]
     assert all(p.config["mixer"]["gate"] == "scalar" for p in plan.points if p.mixer == "gla")
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
