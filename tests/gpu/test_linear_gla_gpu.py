@@ -232,6 +232,25 @@ def test_bf16_scalar_decay_on_values(gate_kind, segments):
         assert_each(errors_in(torch.bfloat16), TOL[torch.bfloat16], ROW_TOL[torch.bfloat16], lambda: errors_in(torch.float16))
 
 
+@pytest.mark.parametrize("K", [64, 128])
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_bf16_unnarrowed_sequential_passes(gate, K):
+    """The fused forward and the backward state pass at 64-column V-blocks where a few sequences
+    of heads would narrow them (min_waves 1 keeps 64 at 256 sequences on an H100), forced at
+    B * H = 2 by min_BV 64: the blocks the benchmark's T = 8k shapes now run."""
+    from kernels.common.launch import launch_settings
+    from tests.launch_util import CHUNK_OPS, each, fused_forward_changes
+
+    changes = {**fused_forward_changes(min_heads=1, min_BV=64), "bwd_states": {"min_BV": 64}}
+
+    def errors_in(dtype):
+        tensors, h0 = make_inputs(1, 8192, 2, K, 128, dtype, gate, "near0", seed=65)
+        return check_against_fp64(tensors, h0, label=f"{dtype_name(dtype)} BV 64 passes T=8192 K={K} gate={gate}")
+
+    with launch_settings(**each(CHUNK_OPS, changes)):
+        assert_each(errors_in(torch.bfloat16), TOL[torch.bfloat16], ROW_TOL[torch.bfloat16], lambda: errors_in(torch.float16))
+
+
 @pytest.mark.parametrize("gate", ["none", "scalar"])
 def test_bf16_fused_forward_three_stages_at_k64(gate):
     """The fused forward at three pipeline stages at K = 64 (FusedForwardLaunch.narrow_num_stages,
