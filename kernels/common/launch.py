@@ -617,6 +617,12 @@ class LinGdnLaunch:
 # K = 64 (one H100, Triton 3.6, records 20261207T080521-T080559, T081040, T081054; GPU-tested
 # 2026-12-07)
 _DQK_FUSED_DV = DqkLaunch(BK=64, BV=64, num_warps=4, num_stages=2, fuse_dv=True)
+# The backward state pass of linear attention and scalar-gate GLA narrowed only below one wave
+# of programs: at T = 8k (128 and 256 sequences of heads) 64-column blocks rather than 32, the
+# pass 544 / 361 -> 397 / 290 us at K = 128 / 64, GLA forward+backward 3.087 / 2.119 -> 2.944 /
+# 2.064 ms, linear 2.651 / 1.778 -> 2.551 / 1.739; 2k and 32k within 1 % (one H100, Triton
+# 3.7.1, records 20261207T092622-T092647; GPU-tested 2026-12-07)
+_BWD_STATES_ONE_WAVE = dataclasses.replace(ChunkLaunch.bwd_states, min_waves=1)
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType({
     # segments from 64 sequences of heads down (min_heads 128): at K = 64, T = 32k (64 sequences,
@@ -626,6 +632,7 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "linear_attention": ChunkLaunch(
         bwd_dqk=_DQK_FUSED_DV,
         fwd_fused=dataclasses.replace(ChunkLaunch.fwd_fused, min_heads=128),
+        bwd_states=_BWD_STATES_ONE_WAVE,
     ),
     "gated_linear_attention": ChunkLaunch(
         bwd_dqk=_DQK_FUSED_DV,
@@ -646,6 +653,7 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
         # 3.7.1, records 20261207T092122, T092138)
         fwd_fused_scalar=dataclasses.replace(ChunkLaunch.fwd_fused_scalar, narrow_num_stages=3, decay_on_v=True,
                                              narrow_decay_on_v=False, min_waves=1),
+        bwd_states=_BWD_STATES_ONE_WAVE,
     ),
     # DeltaNet's dq/dk/dW kernel over the whole V at once (dqkw BV 128) took K = 128, T = 2k /
     # 8k / 32k from 1,481-1,500 to 1,375 / 1,380 / 1,382 us, K = 64 unchanged (one H100,

@@ -176,18 +176,15 @@ def test_the_candidates_sweep_changes_one_default_a_run():
 
     plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-candidates.yaml"), "cuda")
     changed = [(p.mixer, p.config["launch"], p.config["phases"]) for p in plan.points]
-    both, bwd = ["fwd", "fwdbwd"], ["fwdbwd"]
-    # the untimed candidates, each after the defaults it is read against (no change)
-    assert changed == [("gla", {}, bwd), ("gla", {"gated_linear_attention": {"bwd_states": {"min_waves": 1}}}, bwd),
-                       ("linear", {}, bwd), ("linear", {"linear_attention": {"bwd_states": {"min_waves": 1}}}, bwd),
-                       ("gdn", {}, both), ("gdn", {"gated_delta_rule": {"wy_fwd": {"num_warps": 4}}}, ["fwd"]),
-                       ("gdn", {"gated_delta_rule": {"wy_bwd": {"num_stages": 2}}}, bwd)]
+    both = ["fwd", "fwdbwd"]
+    # every candidate timed: the ops' defaults alone, the baselines of the next candidates
+    assert changed == [("gla", {}, both), ("linear", {}, both), ("gdn", {}, both), ("lin_gdn", {}, both)]
     assert all(p.config["mixer"]["gate"] == "scalar" for p in plan.points if p.mixer == "gla")
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
     # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64,
     # a scalar gate's decay on the value rows in the segments and above K = 64, its fused pass
-    # narrowed below one wave only, linear's segments at 64 sequences of heads, lin_gdn's
+    # and both ops' backward state pass narrowed below one wave only, linear's segments at 64 sequences of heads, lin_gdn's
     # running-mean scans in segments at up to 64
     delta, gated = as_dict(DEFAULTS["delta_rule"]), as_dict(DEFAULTS["gated_delta_rule"])
     for rule in (delta, gated):
@@ -199,6 +196,8 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     assert (prep["segment_rows"], prep["segment_max_heads"]) == (2048, 64)
     fused = as_dict(DEFAULTS["linear_attention"])["fwd_fused"]
     assert fused["min_heads"] == 128
+    for op in ("linear_attention", "gated_linear_attention"):
+        assert as_dict(DEFAULTS[op])["bwd_states"]["min_waves"] == 1
     scalar = as_dict(DEFAULTS["gated_linear_attention"])["fwd_fused_scalar"]
     assert scalar["decay_on_v"] and not scalar["narrow_decay_on_v"] and scalar["min_waves"] == 1
     gla = as_dict(DEFAULTS["gated_linear_attention"])
