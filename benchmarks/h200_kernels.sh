@@ -11,7 +11,8 @@
 # SWEEPS: sweep files, space-separated (default configs/kernels-gpu.yaml, every op beside FLA;
 # configs/kernels-launch.yaml times launch-setting variants; "none": no sweep); SWEEP_S:
 # seconds for each.
-# MIXERS: only these mixers of the sweeps (comma-separated; empty: all). FRESH=1: the committed
+# MIXERS: only these mixers of the sweeps (comma-separated; empty: all; each sweep takes those it
+# runs, and one that runs none is skipped). FRESH=1: the committed
 # records do not count as done (time again after a kernel change).
 # TESTS / TESTS_S: GPU test files and their limit (0: none; the default); TESTS_K: a pytest -k
 # expression among them; TESTS_N: pytest-xdist workers (its wheel carried in .whl/; they compile
@@ -98,11 +99,28 @@ if [ "${FLA_WARM_S:-0}" -gt 0 ]; then
     grep -v "^\s*$" "$OUT/logs/fla_warm.log" | tail -n 10
     pack
 fi
+# MIXERS among one sweep's own mixers (the sweep refuses a mixer it does not run, and one
+# MIXERS list serves several sweeps); a sweep that runs none of them is skipped, and says so
+sweep_mixers() {
+    python3 - "$1" "$MIXERS" <<'PY'
+import sys
+from pathlib import Path
+from harness.sweep import load_sweep
+sweep = load_sweep(Path(sys.argv[1]))
+held = {m for block in sweep.grid for m in (block.mixers if block.mixers is not None else sweep.mixers)}
+print(",".join(m for m in sys.argv[2].split(",") if m in held))
+PY
+}
 for sweep in ${SWEEPS:-configs/kernels-gpu.yaml}; do
     [ "$sweep" = none ] && continue
     log="$OUT/logs/$(basename "$sweep" .yaml).log"
+    mixers=${MIXERS:+$(sweep_mixers "$sweep")}
+    if [ -n "${MIXERS:-}" ] && [ -z "$mixers" ]; then
+        echo "$sweep: none of MIXERS=$MIXERS in it, skipped" | tee "$log"
+        continue
+    fi
     timeout -k 20 -s INT "$(limit "${SWEEP_S:-500}")" python3 -m harness sweep "$sweep" --results "$OUT/results" \
-        --no-wandb ${MIXERS:+--mixer "$MIXERS"} >"$log" 2>&1
+        --no-wandb ${mixers:+--mixer "$mixers"} >"$log" 2>&1
     grep -E "✓|✗|error|runs? on" "$log" | tail -n 20
     pack
 done
