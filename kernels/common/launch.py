@@ -645,8 +645,9 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
         # in the fused pass above K = 64: the forward at K = 128, T = 2k / 8k / 32k 0.500 / 0.705 /
         # 0.742 -> 0.463 / 0.640 / 0.684 ms (fused kernel 475 / 501 / 488 -> 439 / 447 / 445 us),
         # at K = 64, 32k the local states 213 -> 177 us; the fused pass at K = 64 with it 360 /
-        # 498 / 368 -> 361 / 570 / 370 us, slower where narrowed V-blocks walk 128 chunks at 8k
-        # (one H100, Triton 3.7.1, records 20261207T085505, T085522; GPU-tested 2026-12-07)
+        # 498 / 368 -> 361 / 570 / 370 us, slower at 8k, where 32-column blocks then walked 128
+        # chunks (min_waves 2; untimed with the 64-column blocks min_waves 1 keeps there) (one
+        # H100, Triton 3.7.1, records 20261207T085505, T085522; GPU-tested 2026-12-07)
         # narrowed only below one wave of programs (min_waves 1): at K = 64, T = 8k (256 sequences
         # of heads) 64-column blocks rather than 32, forward 0.517 -> 0.404 ms (fused kernel 501
         # -> 387 us), forward+backward 2.213 -> 2.155; elsewhere within 1 % (one H100, Triton
