@@ -105,9 +105,8 @@ sweep_mixers() {
     python3 - "$1" "$MIXERS" <<'PY'
 import sys
 from pathlib import Path
-from harness.sweep import load_sweep
-sweep = load_sweep(Path(sys.argv[1]))
-held = {m for block in sweep.grid for m in (block.mixers if block.mixers is not None else sweep.mixers)}
+from harness.sweep import expand, load_sweep
+held = {point.mixer for point in expand(load_sweep(Path(sys.argv[1])), "cuda").points}
 print(",".join(m for m in sys.argv[2].split(",") if m in held))
 PY
 }

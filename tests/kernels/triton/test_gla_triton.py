@@ -286,9 +286,7 @@ def test_segmented_fused_forward_matches_reference(compare, monkeypatch, launch,
     tensors, h0 = make_inputs(1, 300, 2, 16, 16, torch.float32, gate == "vector", seed=31)
     if gate == "none":
         del tensors["g"]
-    calls = []
-    entry = fused_forward.segment_entry_states
-    monkeypatch.setattr(fused_forward, "segment_entry_states", lambda *a, **kw: calls.append(1) or entry(*a, **kw))
+    calls = calls_of(monkeypatch, fused_forward, "segment_entry_states")
     compare(linear_attention if gate == "none" else gated_linear_attention, tensors, h0, TOL[torch.float32])
     assert calls, "the segmented path did not run"
 
