@@ -598,6 +598,10 @@ class LinGdnLaunch:
     # at K = 128 1,187 / 1,174 / 1,738 -> 1,483 / 1,478 / 1,195 (2,048 / 512 / 128 programs on
     # 132 multiprocessors)
     mean_form: str = "auto"
+    # Where a pass takes the dots: the product with triangular ones accumulates into the
+    # output's own fp32 tile scaled by t (RunningMean.into_acc), rather than into a tile of its
+    # own added after (one [64, BV] fp32 tile fewer live in the state pass's loop)
+    mean_in_acc: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.train_fused_max_K, int) or self.train_fused_max_K < 0:

@@ -49,6 +49,7 @@ class RunningMean:
     enter: torch.Tensor
     count: int
     form: str = "auto"
+    into_acc: bool = False  # LinGdnLaunch.mean_in_acc: dot-form sums land in the output's accumulator
 
     def sums_by_dot(self, state_pass: bool = False, K: int = 0, programs: int = 0,
                     multiprocessors: int | None = None) -> bool:
@@ -66,15 +67,25 @@ class RunningMean:
 
 
 @triton.jit
-def _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count,
-                       V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BY_DOT: tl.constexpr):
-    """[BT, BV] fp32: the running mean of RunningMean (x = mv, enter = menter) on the rows of
-    chunk i_t, columns v0 .. v0 + BV; its in-chunk sums by row_prefix_sums(BY_DOT)."""
+def _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count,
+                      V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BY_DOT: tl.constexpr,
+                      INTO_ACC: tl.constexpr):
+    """b_o [BT, BV] fp32 plus the running mean of RunningMean (x = mv, enter = menter) on the
+    rows of chunk i_t, columns v0 .. v0 + BV; its in-chunk sums by row_prefix_sums(BY_DOT).
+    INTO_ACC (with BY_DOT, a 16-bit x): the product with triangular ones accumulates into
+    t * b_o, scaled back by 1/t after, so no second [BT, BV] fp32 tile is live (the scaling
+    there and back costs b_o a few fp32 roundings, far below its 16-bit output's)."""
     b_x = load_tile(mv + seq * V, t0, v0, T, V, H * V, BT, BV)
     o_v = v0 + tl.arange(0, BV)
     b_enter = tl.load(menter + (i_bh * NT + i_t).to(tl.int64) * V + o_v, mask=o_v < V, other=0.0)
-    b_inv_t = 1.0 / (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
-    return (row_prefix_sums(b_x, BT, BY_DOT) + b_enter[None, :]) * b_inv_t[:, None]
+    b_t = (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
+    b_inv_t = 1.0 / b_t
+    if INTO_ACC and BY_DOT:
+        o_r = tl.arange(0, BT)
+        b_ones = tl.where(o_r[:, None] >= o_r[None, :], 1.0, 0.0).to(b_x.dtype)
+        b_sum = tl.dot(b_ones, b_x, acc=b_o * b_t[:, None])
+        return (b_sum + b_enter[None, :]) * b_inv_t[:, None]
+    return b_o + (row_prefix_sums(b_x, BT, BY_DOT) + b_enter[None, :]) * b_inv_t[:, None]
 
 
 @triton.jit(do_not_specialize=["T", "NT", "count"])
@@ -83,6 +94,7 @@ def state_fwd_kernel(
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
     FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr,
+    MEAN_ACC: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -113,7 +125,8 @@ def state_fwd_kernel(
             b_a = causal_decay(tl.dot(b_q, b_kt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
             b_o = b_o * scale + tl.dot(b_a.to(dt), b_u.to(u.dtype.element_ty).to(dt), input_precision=PREC)
             if HAS_MEAN:
-                b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV, MEAN_DOT)
+                b_o = _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
+                                        MEAN_DOT, MEAN_ACC)
             store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
         if USE_G:
             last = tl.minimum(t0 + BT, T) - 1
@@ -130,7 +143,8 @@ def state_fwd_kernel(
 def output_fwd_kernel(
     q, k, u, h, gam, mv, menter, o, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr, MEAN_ACC: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -153,21 +167,22 @@ def output_fwd_kernel(
     b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
     if HAS_MEAN:  # the running mean of mv, added before the one rounding to o's dtype
-        b_o += _running_mean_rows(mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV, MEAN_DOT)
+        b_o = _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
+                                MEAN_DOT, MEAN_ACC)
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
 def _mean_args(mean: RunningMean | None, NT: int, chunk_size: int, where: str, stand_in: torch.Tensor,
                by_dot: bool = False):
     """The kernels' (mv, menter, count) of `mean`, checked against NT chunks of chunk_size,
-    and MEAN_DOT (by_dot where there is a mean); without one, a stand-in tensor (never read),
-    count 0 and no dots."""
+    MEAN_DOT (by_dot where there is a mean) and MEAN_ACC (its into_acc where it takes the
+    dots); without one, a stand-in tensor (never read), count 0, no dots."""
     if mean is None:
-        return stand_in, stand_in, 0, False
+        return stand_in, stand_in, 0, False, False
     if mean.enter.shape[2] != NT:
         raise ValueError(f"{where}: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
                          f"the output {NT} of {chunk_size} tokens")
-    return mean.x, mean.enter, mean.count, by_dot
+    return mean.x, mean.enter, mean.count, by_dot, by_dot and mean.into_acc
 
 
 def _fused_settings(launch, inference: bool):
@@ -213,7 +228,7 @@ def state_fwd(
     BV = sequential_block_v(V, cap, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
     programs, multiprocessors = triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev)
     stages = cfg.stages_at(full_block(K), k.element_size(), programs, multiprocessors)
-    mv, menter, count, mean_dot = _mean_args(
+    mv, menter, count, mean_dot, mean_acc = _mean_args(
         mean, NT, chunk_size, "state_fwd", k,
         mean is not None and mean.sums_by_dot(state_pass=True, K=K, programs=programs, multiprocessors=multiprocessors))
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
@@ -222,8 +237,8 @@ def state_fwd(
         o if o is not None else u0, mv, menter, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        STORE_STATES=store_states, HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, num_warps=warps(cfg.num_warps),
-        num_stages=stages,
+        STORE_STATES=store_states, HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_ACC=mean_acc,
+        num_warps=warps(cfg.num_warps), num_stages=stages,
     )
     return h, u, ht, o
 
@@ -241,12 +256,12 @@ def output_fwd(
     o = new_buffer((B, T, H, V), q.dtype, q.device)
     cfg = delta_launch(gam is not None).output_fwd
     BV = block_size(V, cfg.BV)
-    mv, menter, count, mean_dot = _mean_args(mean, NT, chunk_size, "output_fwd", q,
-                                             mean is not None and mean.sums_by_dot())
+    mv, menter, count, mean_dot, mean_acc = _mean_args(mean, NT, chunk_size, "output_fwd", q,
+                                                       mean is not None and mean.sums_by_dot())
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        HAS_MEAN=mean is not None, MEAN_DOT=mean_dot,
+        HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_ACC=mean_acc,
         PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
         num_stages=cfg.num_stages,
     )

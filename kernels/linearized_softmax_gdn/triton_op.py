@@ -62,7 +62,7 @@ def _prepare(k: Tensor, v: Tensor, k_sum0: Tensor | None, v_sum0: Tensor | None,
     """The running-mean scans (triton_prep.py) under cfg.prep: (key and value, the delta
     rule's k and v; the RunningMean its output adds; k_sum_T, v_sum_T)."""
     key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, count, cfg.prep)
-    return key, value, RunningMean(v, v_enter, count, cfg.mean_form), k_sum, v_sum
+    return key, value, RunningMean(v, v_enter, count, cfg.mean_form, cfg.mean_in_acc), k_sum, v_sum
 
 
 def _training_delta_settings(cfg: LinGdnLaunch, K: int) -> AbstractContextManager:

@@ -82,6 +82,9 @@ MEAN_FORMS = {
     "mean_dots": {"linearized_softmax_gdn": {"mean_form": "dots"}},
     "mean_dots_fused": {"linearized_softmax_gdn": {"mean_form": "dots", "train_fused_max_K": 128},
                         "gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}},
+    "mean_dots_acc_fused": {"linearized_softmax_gdn": {"mean_form": "dots", "mean_in_acc": True,
+                                                       "train_fused_max_K": 128},
+                            "gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}},
 }
 
 
@@ -155,12 +158,13 @@ def test_lin_gdn_prep_bf16_T8192_matches_loop(by_dot, segment_rows):
                 f"lin_gdn_prep_bf16_T{T}" + ("_dots" if by_dot else "") + (f"_segments{segment_rows}" if segment_rows else ""))
 
 
-@pytest.mark.parametrize("mean_form", ["scan", "dots"])
+@pytest.mark.parametrize("mean_form", ["scan", "dots", "dots_acc"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
 def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, mean_form):
     """The no-gradient forward (lin_gdn_infer; its running mean added in the fused state pass
-    or in the output kernel, forced here): o and the final state against the fp64 chunked
-    form, from a state (count 37)."""
+    or in the output kernel, forced here; "dots_acc": the dots into the output's accumulator,
+    LinGdnLaunch.mean_in_acc): o and the final state against the fp64 chunked form, from a
+    state (count 37)."""
     lin = pytest.importorskip("kernels.linearized_softmax_gdn")
     from kernels.common.launch import launch_settings
     from kernels.common.triton import utils
@@ -171,7 +175,8 @@ def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, mean_form):
     utils.DEBUG.poison = True
     try:
         with launch_settings(gated_delta_rule={"infer_fused": {"enabled": fused, "min_heads": 1}},
-                             linearized_softmax_gdn={"mean_form": mean_form}), \
+                             linearized_softmax_gdn={"mean_form": mean_form.removesuffix("_acc"),
+                                                     "mean_in_acc": mean_form.endswith("_acc")}), \
                 triton_ran("linearized_softmax_gdn"), torch.no_grad():
             o, s = lin.linearized_softmax_gdn(*leaves[:3], initial_state=st, output_final_state=True, backend="triton")
     finally:

@@ -181,7 +181,11 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     assert changed == [("gla", {}, both),
                        ("gla", {"gated_linear_attention": {"fwd_fused_scalar": {"narrow_decay_on_v": True}}}, both),
                        ("gdn", {}, both), ("gdn", {"gated_delta_rule": {"fused_fwd": {"enabled": False}}}, ["fwdbwd"]),
-                       ("gdn", {"gated_delta_rule": {"dqkw": {"BV": 32}}}, ["fwdbwd"])]
+                       ("gdn", {"gated_delta_rule": {"dqkw": {"BV": 32}}}, ["fwdbwd"]),
+                       ("lin_gdn", {}, both), ("lin_gdn", {"linearized_softmax_gdn": {"mean_in_acc": True}}, both),
+                       ("lin_gdn", {"linearized_softmax_gdn": {"mean_in_acc": True, "mean_form": "dots"}}, ["fwd"]),
+                       ("lin_gdn", {"linearized_softmax_gdn": {"mean_in_acc": True, "train_fused_max_K": 128}},
+                        ["fwdbwd"])]
     assert all(p.config["mixer"]["gate"] == "scalar" for p in plan.points if p.mixer == "gla")
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side

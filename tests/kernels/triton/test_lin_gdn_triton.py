@@ -155,26 +155,28 @@ def test_fresh_start_fp16():
 
 
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize(("form", "dtype"), [("scan", torch.float16), ("dots", torch.float16),
-                                             ("dots", torch.float32), ("auto", torch.float16)])
-def test_running_mean_of_v(launch, monkeypatch, fused, form, dtype):
+@pytest.mark.parametrize(("form", "into_acc", "dtype"),
+                         [("scan", False, torch.float16), ("dots", False, torch.float16), ("dots", True, torch.float16),
+                          ("dots", True, torch.float32), ("auto", False, torch.float16), ("scan", True, torch.float16)])
+def test_running_mean_of_v(launch, monkeypatch, fused, form, into_acc, dtype):
     """The running mean of v the output adds, in each LinGdnLaunch.mean_form: in-chunk sums by
-    tl.cumsum or as a product with triangular ones (16-bit v; fp32 keeps the scan); in the
-    fused training pass and in the output kernel, three chunks, a continued state. The kernels
-    are launched with the form asked for ("auto" at K = 16: dots in both)."""
+    tl.cumsum or as a product with triangular ones (16-bit v; fp32 keeps the scan), the
+    latter into a tile of its own or into the output's (mean_in_acc, which the scan ignores);
+    in the fused training pass and in the output kernel, three chunks, a continued state. The
+    kernels are launched with the form asked for ("auto" at K = 16: dots in both)."""
     from kernels.gated_delta_rule import triton_fwd
     from tests.launch_util import LaunchSpy
 
     forms = []
     for name in ("state_fwd_kernel", "output_fwd_kernel"):
-        monkeypatch.setattr(triton_fwd, name, LaunchSpy(getattr(triton_fwd, name),
-                                                        lambda kw: forms.append(kw["MEAN_DOT"] if kw["HAS_MEAN"]
-                                                                                else None)))
+        monkeypatch.setattr(triton_fwd, name, LaunchSpy(
+            getattr(triton_fwd, name),
+            lambda kw: forms.append((kw["MEAN_DOT"], kw["MEAN_ACC"]) if kw["HAS_MEAN"] else None)))
     launch(gated_delta_rule={"fused_fwd": {"enabled": fused, "min_heads": 1}},
-           linearized_softmax_gdn={"mean_form": form})
+           linearized_softmax_gdn={"mean_form": form, "mean_in_acc": into_acc})
     run_case(1, 130, 2, 16, 32, 6, dtype, seed=41)
     dots = form != "scan" and dtype != torch.float32
-    assert forms == ([dots] if fused else [None, dots])
+    assert forms == ([(dots, dots and into_acc)] if fused else [None, (dots, dots and into_acc)])
     with pytest.raises(ValueError, match="mean_form must be one of"):
         launch(linearized_softmax_gdn={"mean_form": "sums"})
 
