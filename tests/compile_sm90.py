@@ -271,11 +271,14 @@ def run_ops() -> None:
     deep_infer = {"infer_fused": {"enabled": True, "min_heads": 1, "num_stages": 3}}
     delta_names = [n for n in calls if n.split(" ")[0] in ("delta_rule", "gated_delta_rule", "linearized_softmax_gdn")]
     dot_mean = {"linearized_softmax_gdn": {"mean_form": "dots"}}
+    acc_mean = {"linearized_softmax_gdn": {"mean_form": "dots", "mean_in_acc": "always"}}
     for label, over in (("fused", {"delta_rule": fused_infer, "gated_delta_rule": fused_infer}),
                         ("fused, three stages", {"delta_rule": deep_infer, "gated_delta_rule": deep_infer}),
                         ("two kernels", {}),
                         ("fused, lin_gdn's mean summed on the tensor cores",
                          {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **dot_mean}),
+                        ("fused, lin_gdn's mean summed into the output's tile (its pass within one wave)",
+                         {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **acc_mean}),
                         ("two kernels, lin_gdn's mean summed on the tensor cores", dot_mean)):
         with launch_settings(**over), torch.no_grad():
             for name in delta_names:

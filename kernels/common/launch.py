@@ -566,6 +566,7 @@ class PrepLaunch(KernelLaunch):
 
 
 MEAN_FORMS = ("auto", "scan", "dots")  # LinGdnLaunch.mean_form
+MEAN_ACC_RULES = ("never", "one_wave", "always")  # LinGdnLaunch.mean_in_acc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -598,16 +599,23 @@ class LinGdnLaunch:
     # at K = 128 1,187 / 1,174 / 1,738 -> 1,483 / 1,478 / 1,195 (2,048 / 512 / 128 programs on
     # 132 multiprocessors)
     mean_form: str = "auto"
-    # Where a pass takes the dots: the product with triangular ones accumulates into the
-    # output's own fp32 tile scaled by t (RunningMean.into_acc), rather than into a tile of its
-    # own added after (one [64, BV] fp32 tile fewer live in the state pass's loop)
-    mean_in_acc: bool = False
+    # Where a pass takes the dots, whether the product with triangular ones accumulates into
+    # the output's own fp32 tile scaled by t rather than into a tile of its own added after
+    # (MEAN_ACC_RULES, RunningMean.accumulates): "always"; "one_wave", in the fused state pass
+    # where its programs fill at most one wave; "never". One H100 (Triton 3.7.1, records
+    # 20261207T103211, T103303, T103312), no-gradient fused pass: at 32k (128 programs on 132
+    # multiprocessors) 1,273 -> 1,206 us at K = 128 and 959 -> 915 at K = 64, the forward 2.590 /
+    # 2.675 -> 2.521 / 2.628 ms; at 8k, K = 64 (512 programs) 695 -> 789; at 2k, K = 64 and in
+    # the output kernel within 1 %; with the dots at K = 128 and more programs 1,109 -> 1,426
+    mean_in_acc: str = "one_wave"
 
     def __post_init__(self) -> None:
         if not isinstance(self.train_fused_max_K, int) or self.train_fused_max_K < 0:
             raise ValueError(f"LinGdnLaunch.train_fused_max_K must be an int >= 0, got {self.train_fused_max_K!r}")
         if self.mean_form not in MEAN_FORMS:
             raise ValueError(f"LinGdnLaunch.mean_form must be one of {list(MEAN_FORMS)}, got {self.mean_form!r}")
+        if self.mean_in_acc not in MEAN_ACC_RULES:
+            raise ValueError(f"LinGdnLaunch.mean_in_acc must be one of {list(MEAN_ACC_RULES)}, got {self.mean_in_acc!r}")
 
     def fuses_training(self, K: int) -> bool:
         """Whether the training forward at head dim K may fuse its output into the state pass."""

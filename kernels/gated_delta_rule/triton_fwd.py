@@ -43,13 +43,14 @@ class RunningMean:
     contiguous; enter: [B, H, cdiv(T, 64), V] fp32, the sums entering each chunk (the
     linearized softmax GDN's v and v_sum0 + the earlier tokens' v); count: tokens before T.
     form (LinGdnLaunch.mean_form): the in-chunk sums by tl.cumsum ("scan"), for a 16-bit x as
-    a product with triangular ones ("dots", prefix.py), or per pass ("auto", sums_by_dot)."""
+    a product with triangular ones ("dots", prefix.py), or per pass ("auto", sums_by_dot);
+    into_acc (LinGdnLaunch.mean_in_acc): where that product lands (accumulates)."""
 
     x: torch.Tensor
     enter: torch.Tensor
     count: int
     form: str = "auto"
-    into_acc: bool = False  # LinGdnLaunch.mean_in_acc: dot-form sums land in the output's accumulator
+    into_acc: str = "one_wave"
 
     def sums_by_dot(self, state_pass: bool = False, K: int = 0, programs: int = 0,
                     multiprocessors: int | None = None) -> bool:
@@ -64,6 +65,15 @@ class RunningMean:
         if self.form == "dots" or not state_pass:
             return True
         return K <= 64 or (multiprocessors is not None and programs <= multiprocessors)
+
+    def accumulates(self, state_pass: bool = False, programs: int = 0, multiprocessors: int | None = None) -> bool:
+        """Where a kernel takes the dots (sums_by_dot), whether their product accumulates into
+        the output's own tile: "always"; "one_wave" in the fused state pass (state_pass) where
+        `programs` fill at most one wave of the GPU's `multiprocessors` (None off a GPU: no);
+        "never"."""
+        if self.into_acc == "one_wave":
+            return state_pass and multiprocessors is not None and programs <= multiprocessors
+        return self.into_acc == "always"
 
 
 @triton.jit
@@ -173,16 +183,16 @@ def output_fwd_kernel(
 
 
 def _mean_args(mean: RunningMean | None, NT: int, chunk_size: int, where: str, stand_in: torch.Tensor,
-               by_dot: bool = False):
+               by_dot: bool = False, into_acc: bool = False):
     """The kernels' (mv, menter, count) of `mean`, checked against NT chunks of chunk_size,
-    MEAN_DOT (by_dot where there is a mean) and MEAN_ACC (its into_acc where it takes the
-    dots); without one, a stand-in tensor (never read), count 0, no dots."""
+    MEAN_DOT (by_dot where there is a mean) and MEAN_ACC (into_acc where it takes the dots);
+    without one, a stand-in tensor (never read), count 0, no dots."""
     if mean is None:
         return stand_in, stand_in, 0, False, False
     if mean.enter.shape[2] != NT:
         raise ValueError(f"{where}: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
                          f"the output {NT} of {chunk_size} tokens")
-    return mean.x, mean.enter, mean.count, by_dot, by_dot and mean.into_acc
+    return mean.x, mean.enter, mean.count, by_dot, by_dot and into_acc
 
 
 def _fused_settings(launch, inference: bool):
@@ -230,7 +240,8 @@ def state_fwd(
     stages = cfg.stages_at(full_block(K), k.element_size(), programs, multiprocessors)
     mv, menter, count, mean_dot, mean_acc = _mean_args(
         mean, NT, chunk_size, "state_fwd", k,
-        mean is not None and mean.sums_by_dot(state_pass=True, K=K, programs=programs, multiprocessors=multiprocessors))
+        mean is not None and mean.sums_by_dot(state_pass=True, K=K, programs=programs, multiprocessors=multiprocessors),
+        mean is not None and mean.accumulates(state_pass=True, programs=programs, multiprocessors=multiprocessors))
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
         h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,
@@ -257,7 +268,8 @@ def output_fwd(
     cfg = delta_launch(gam is not None).output_fwd
     BV = block_size(V, cfg.BV)
     mv, menter, count, mean_dot, mean_acc = _mean_args(mean, NT, chunk_size, "output_fwd", q,
-                                                       mean is not None and mean.sums_by_dot())
+                                                       mean is not None and mean.sums_by_dot(),
+                                                       mean is not None and mean.accumulates())
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,

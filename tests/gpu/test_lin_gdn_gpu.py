@@ -76,13 +76,15 @@ def bf16_errors(pairs: dict, case: str, twin=None) -> dict:
 
 # The running mean of v (LinGdnLaunch.mean_form): in-chunk sums by tl.cumsum or on the tensor
 # cores, the latter also inside the fused training pass (forced on: this shape has too few
-# heads for it and K = 128 is over train_fused_max_K)
+# heads for it and K = 128 is over train_fused_max_K), into a tile of their own or into the
+# output's (mean_in_acc)
 MEAN_FORMS = {
     "mean_scan": {"linearized_softmax_gdn": {"mean_form": "scan"}},
-    "mean_dots": {"linearized_softmax_gdn": {"mean_form": "dots"}},
-    "mean_dots_fused": {"linearized_softmax_gdn": {"mean_form": "dots", "train_fused_max_K": 128},
+    "mean_dots": {"linearized_softmax_gdn": {"mean_form": "dots", "mean_in_acc": "never"}},
+    "mean_dots_fused": {"linearized_softmax_gdn": {"mean_form": "dots", "mean_in_acc": "never",
+                                                   "train_fused_max_K": 128},
                         "gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}},
-    "mean_dots_acc_fused": {"linearized_softmax_gdn": {"mean_form": "dots", "mean_in_acc": True,
+    "mean_dots_acc_fused": {"linearized_softmax_gdn": {"mean_form": "dots", "mean_in_acc": "always",
                                                        "train_fused_max_K": 128},
                             "gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}},
 }
@@ -176,7 +178,8 @@ def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, mean_form):
     try:
         with launch_settings(gated_delta_rule={"infer_fused": {"enabled": fused, "min_heads": 1}},
                              linearized_softmax_gdn={"mean_form": mean_form.removesuffix("_acc"),
-                                                     "mean_in_acc": mean_form.endswith("_acc")}), \
+                                                     "mean_in_acc": "always" if mean_form.endswith("_acc")
+                                                     else "never"}), \
                 triton_ran("linearized_softmax_gdn"), torch.no_grad():
             o, s = lin.linearized_softmax_gdn(*leaves[:3], initial_state=st, output_final_state=True, backend="triton")
     finally:

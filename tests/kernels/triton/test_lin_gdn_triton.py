@@ -156,14 +156,16 @@ def test_fresh_start_fp16():
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize(("form", "into_acc", "dtype"),
-                         [("scan", False, torch.float16), ("dots", False, torch.float16), ("dots", True, torch.float16),
-                          ("dots", True, torch.float32), ("auto", False, torch.float16), ("scan", True, torch.float16)])
+                         [("scan", "never", torch.float16), ("dots", "never", torch.float16),
+                          ("dots", "always", torch.float16), ("dots", "always", torch.float32),
+                          ("auto", "one_wave", torch.float16), ("scan", "always", torch.float16)])
 def test_running_mean_of_v(launch, monkeypatch, fused, form, into_acc, dtype):
     """The running mean of v the output adds, in each LinGdnLaunch.mean_form: in-chunk sums by
     tl.cumsum or as a product with triangular ones (16-bit v; fp32 keeps the scan), the
     latter into a tile of its own or into the output's (mean_in_acc, which the scan ignores);
     in the fused training pass and in the output kernel, three chunks, a continued state. The
-    kernels are launched with the form asked for ("auto" at K = 16: dots in both)."""
+    kernels are launched with the form asked for ("auto" at K = 16: dots in both; "one_wave"
+    off a GPU: a tile of their own)."""
     from kernels.gated_delta_rule import triton_fwd
     from tests.launch_util import LaunchSpy
 
@@ -176,9 +178,12 @@ def test_running_mean_of_v(launch, monkeypatch, fused, form, into_acc, dtype):
            linearized_softmax_gdn={"mean_form": form, "mean_in_acc": into_acc})
     run_case(1, 130, 2, 16, 32, 6, dtype, seed=41)
     dots = form != "scan" and dtype != torch.float32
-    assert forms == ([(dots, dots and into_acc)] if fused else [None, (dots, dots and into_acc)])
+    acc = dots and into_acc == "always"
+    assert forms == ([(dots, acc)] if fused else [None, (dots, acc)])
     with pytest.raises(ValueError, match="mean_form must be one of"):
         launch(linearized_softmax_gdn={"mean_form": "sums"})
+    with pytest.raises(ValueError, match="mean_in_acc must be one of"):
+        launch(linearized_softmax_gdn={"mean_in_acc": "sometimes"})
 
 
 def test_auto_mean_form_picks_per_pass():
@@ -201,6 +206,26 @@ def test_auto_mean_form_picks_per_pass():
     assert not mean("scan").sums_by_dot() and not mean("scan").sums_by_dot(state_pass=True, K=16)
     assert not any(mean(form, torch.float32).sums_by_dot(state_pass=True, K=16) or
                    mean(form, torch.float32).sums_by_dot() for form in ("auto", "dots"))
+
+
+def test_mean_in_acc_picks_per_pass():
+    """mean_in_acc "one_wave" (the default): the dots accumulate into the output's tile in the
+    fused state pass where its programs fill at most one wave, never in the output kernel or
+    off a GPU; "always" everywhere, "never" nowhere."""
+    from kernels.common.launch import DEFAULTS
+    from kernels.gated_delta_rule.triton_fwd import RunningMean
+
+    def mean(rule):
+        return RunningMean(torch.zeros(1, 4, 1, 8, dtype=torch.bfloat16), torch.zeros(1, 1, 1, 8), 0, "auto", rule)
+
+    assert DEFAULTS["linearized_softmax_gdn"].mean_in_acc == "one_wave"
+    one_wave = mean("one_wave")
+    assert one_wave.accumulates(state_pass=True, programs=128, multiprocessors=132)
+    assert not one_wave.accumulates(state_pass=True, programs=512, multiprocessors=132)
+    assert not one_wave.accumulates(state_pass=True, programs=8, multiprocessors=None)
+    assert not one_wave.accumulates()
+    assert mean("always").accumulates() and mean("always").accumulates(state_pass=True, programs=4096)
+    assert not mean("never").accumulates(state_pass=True, programs=1, multiprocessors=132)
 
 
 @pytest.mark.parametrize("count", [0, 9])
