@@ -1,7 +1,9 @@
 """Compile FLA's autotuned kernels in parallel before the kernels task times FLA.
 
 FLA 0.6.0's chunk_gla autotunes a few hundred Triton configurations on its first call and
-compiles each one in turn: on the H200 device that outlasted a 10-minute call (three tries).
+compiles each one in turn: on the H200 device that outlasted a 10-minute call (three tries);
+chunk_simple_gla's first calls at both head dims took a cold same-process sweep past 330 s
+twice on an H100 (2026-12-07).
 Compiling is CPU work and Triton caches every compiled kernel on disk (TRITON_CACHE_DIR), so
 this script starts N worker processes; worker i keeps every N-th configuration of each FLA
 autotuner (from the i-th on) and runs the op forward and backward once at the kernels task's gpu
@@ -10,6 +12,7 @@ autotunes over ALL of FLA's configurations as usual, benchmarking each on an idl
 finds them compiled: FLA's choice of configuration is unchanged, only the wait is shorter.
 
     TRITON_CACHE_DIR=$PWD/.triton_cache python benchmarks/fla_warm_compile.py --op gla_vector --procs 14
+    TRITON_CACHE_DIR=$PWD/.triton_cache python benchmarks/fla_warm_compile.py --op gdn --heads 16x128,32x64
 
 Comparison tooling only (FLA is never a dependency of the harness).
 """
@@ -55,10 +58,14 @@ def fla_modules() -> list:
 
 # --op -> (op, input variant): FLA's kernel and the inputs come from the op's spec.
 OPS = {"gla_vector": ("gated_linear_attention", "vector"), "gla_scalar": ("gated_linear_attention", "scalar"),
-       "linear": ("linear_attention", "default")}
+       "linear": ("linear_attention", "default"), "deltanet": ("delta_rule", "default"),
+       "gdn": ("gated_delta_rule", "default"), "mesa": ("mesa", "default")}
+# the kernels task's gpu preset: (heads, head dim) at B·T = 65,536, bf16; a head dim is a
+# constexpr of FLA's kernels, so each compiles apart
+HEADS = {"16x128": (16, 128), "32x64": (32, 64)}
 
 
-def worker(op: str, T: int, index: int, count: int) -> None:
+def worker(op: str, T: int, heads: list[str], index: int, count: int) -> None:
     import torch
 
     from kernels.common.spec import load_entry
@@ -69,18 +76,20 @@ def worker(op: str, T: int, index: int, count: int) -> None:
     fla = spec.fla_kernel(variant)
     kernel = load_entry(fla.entry)  # imports the op, and with it the modules of its kernels
     kept = shard_autotuners(fla_modules(), index, count)
-    # the kernels task's gpu preset: B·T 65,536, 16 heads of 128, bf16
-    args = spec.make_inputs(max(1, 65536 // T), T, 16, 128, 128, variant=variant, dtype=torch.bfloat16,
-                            device=torch.device("cuda"), seed=0)
-    wrt = [t.requires_grad_(True) for t in args.values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
     started = time.time()
-    o = fla.call(kernel, args)
-    try:
-        torch.autograd.grad(o, wrt, torch.randn_like(o))
-    except RuntimeError as e:  # FLA refuses some backwards on this Triton: its forward is compiled
-        print(f"shard {index}: backward raised {type(e).__name__}: {str(e)[:120]}", flush=True)
-    torch.cuda.synchronize()
-    print(f"shard {index}/{count}: {kept} configurations compiled in {time.time() - started:.0f} s", flush=True)
+    for label in heads:
+        H, D = HEADS[label]
+        args = spec.make_inputs(max(1, 65536 // T), T, H, D, D, variant=variant, dtype=torch.bfloat16,
+                                device=torch.device("cuda"), seed=0)
+        wrt = [t.requires_grad_(True) for t in args.values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        o = fla.call(kernel, args)
+        try:
+            torch.autograd.grad(o, wrt, torch.randn_like(o))
+        except RuntimeError as e:  # FLA refuses some backwards on this Triton: its forward is compiled
+            print(f"shard {index} ({label}): backward raised {type(e).__name__}: {str(e)[:120]}", flush=True)
+        torch.cuda.synchronize()
+    print(f"shard {index}/{count}: {kept} configurations compiled for {', '.join(heads)} in "
+          f"{time.time() - started:.0f} s", flush=True)
 
 
 def main() -> None:
@@ -88,19 +97,25 @@ def main() -> None:
     ap.add_argument("--op", default="gla_vector", choices=sorted(OPS))
     ap.add_argument("--T", type=int, default=2048, help="sequence length of the warm-up call (the "
                     "autotuning keys of these kernels do not depend on it)")
+    ap.add_argument("--heads", default="16x128", help="comma-separated head shapes among "
+                    f"{sorted(HEADS)} (heads x head dim)")
     ap.add_argument("--procs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not os.environ.get("TRITON_CACHE_DIR"):
         sys.exit("fla_warm_compile: set TRITON_CACHE_DIR to the cache the kernels task will use")
+    heads = [h for h in args.heads.split(",") if h]
+    unknown = [h for h in heads if h not in HEADS]
+    if unknown or not heads:
+        sys.exit(f"fla_warm_compile: --heads {args.heads!r}: each must be one of {sorted(HEADS)}")
     if args.shard is not None:
-        worker(args.op, args.T, args.shard, args.procs)
+        worker(args.op, args.T, heads, args.shard, args.procs)
         return
     started = time.time()
     # a shard's autotuning result covers its share of the configurations only: never cached
     # (Triton keys that cache by the configuration list too; this makes sure)
     env = {**os.environ, "TRITON_CACHE_AUTOTUNING": "0"}
-    procs = [subprocess.Popen([sys.executable, __file__, "--op", args.op, "--T", str(args.T),
+    procs = [subprocess.Popen([sys.executable, __file__, "--op", args.op, "--T", str(args.T), "--heads", args.heads,
                                "--procs", str(args.procs), "--shard", str(i)], env=env)
              for i in range(args.procs)]
     try:

@@ -30,9 +30,11 @@
 # FA4: with .fa4b carried (benchmarks/fa4_carry.sh), FlashAttention-4 is installed first.
 # Triton: with .triton carried (benchmarks/triton_carry.sh), that Triton runs instead of the image's
 # (FLA's gated backward needs >= 3.7.1 on Hopper).
-# FLA_WARM_S (0: off): first compile FLA's autotuned chunk_gla kernels in FLA_WARM_PROCS
-# parallel processes (benchmarks/fla_warm_compile.py) into the Triton cache .triton_cache/,
-# which a warm machine keeps between calls, so the sweep's FLA columns find them compiled.
+# FLA_WARM_S (0: off): first compile FLA's autotuned kernels of FLA_WARM_OPS (space-separated
+# fla_warm_compile.py --op names; default gla_vector) at FLA_WARM_HEADS (default 16x128; e.g.
+# 16x128,32x64) in FLA_WARM_PROCS parallel processes (benchmarks/fla_warm_compile.py) into the
+# Triton cache .triton_cache/ (git-ignored, so a warm machine keeps it between calls), where
+# the sweeps' FLA columns find them compiled.
 # CALL_S (default 570): the whole script's seconds. Every step's limit is cut to what is left
 # of them, and the records and logs are packed after every step, so a call that the device
 # tool stops at its own limit still brings back what finished.
@@ -94,8 +96,12 @@ gpu_tests() {
 }
 [ "${TESTS_S:-0}" -gt 0 ] && [ "${TESTS_LAST:-0}" = 0 ] && gpu_tests
 if [ "${FLA_WARM_S:-0}" -gt 0 ]; then
-    timeout -k 20 -s INT "$(limit "$FLA_WARM_S")" python3 benchmarks/fla_warm_compile.py --op gla_vector \
-        --procs "${FLA_WARM_PROCS:-14}" >"$OUT/logs/fla_warm.log" 2>&1
+    warm_end=$(( $(date +%s) + $(limit "$FLA_WARM_S") ))
+    for op in ${FLA_WARM_OPS:-gla_vector}; do
+        left=$(( warm_end - $(date +%s) )); [ "$left" -gt 0 ] || break
+        timeout -k 20 -s INT "$left" python3 benchmarks/fla_warm_compile.py --op "$op" \
+            --heads "${FLA_WARM_HEADS:-16x128}" --procs "${FLA_WARM_PROCS:-14}" >>"$OUT/logs/fla_warm.log" 2>&1
+    done
     grep -v "^\s*$" "$OUT/logs/fla_warm.log" | tail -n 10
     pack
 fi

@@ -50,3 +50,17 @@ def test_every_op_has_an_fla_kernel_in_its_spec():
 
     for name, variant in OPS.values():
         assert SPECS[name].fla_kernel(variant) is not None, (name, variant)
+
+
+def test_unknown_head_shape_is_refused_before_any_worker_starts(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "fla_warm_compile.py"
+    done = subprocess.run([sys.executable, str(script), "--op", "gdn", "--heads", "16x128,8x8"],
+                          env={"TRITON_CACHE_DIR": str(tmp_path), "PATH": ""}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "--heads '16x128,8x8'" in done.stderr and "['16x128', '32x64']" in done.stderr
+    assert not any(tmp_path.iterdir())
