@@ -257,6 +257,8 @@ def run_ops() -> None:
             "gated_delta_rule": {"fused_fwd": {"enabled": fused, "min_heads": 1}}},
            ["linearized_softmax_gdn", "linearized_softmax_gdn with a state"])
           for how, fused in (("fused training pass", True), ("two kernels", False))],
+        ("the running mean stored whole by the scan", {"linearized_softmax_gdn": {"mean_form": "stored"}},
+         ["linearized_softmax_gdn", "linearized_softmax_gdn with a state"]),
     ]
     for label, over, names in options:
         with launch_settings(**over):
@@ -272,6 +274,7 @@ def run_ops() -> None:
     delta_names = [n for n in calls if n.split(" ")[0] in ("delta_rule", "gated_delta_rule", "linearized_softmax_gdn")]
     dot_mean = {"linearized_softmax_gdn": {"mean_form": "dots"}}
     acc_mean = {"linearized_softmax_gdn": {"mean_form": "dots", "mean_in_acc": "always"}}
+    stored_mean = {"linearized_softmax_gdn": {"mean_form": "stored"}}
     for label, over in (("fused", {"delta_rule": fused_infer, "gated_delta_rule": fused_infer}),
                         ("fused, three stages", {"delta_rule": deep_infer, "gated_delta_rule": deep_infer}),
                         ("two kernels", {}),
@@ -279,6 +282,8 @@ def run_ops() -> None:
                          {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **dot_mean}),
                         ("fused, lin_gdn's mean summed into the output's tile (its pass within one wave)",
                          {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **acc_mean}),
+                        ("fused, lin_gdn's mean stored whole by the scan",
+                         {"delta_rule": fused_infer, "gated_delta_rule": fused_infer, **stored_mean}),
                         ("two kernels, lin_gdn's mean summed on the tensor cores", dot_mean)):
         with launch_settings(**over), torch.no_grad():
             for name in delta_names:

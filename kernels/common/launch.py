@@ -565,7 +565,7 @@ class PrepLaunch(KernelLaunch):
                 and (not self.segment_max_heads or n_heads <= self.segment_max_heads))
 
 
-MEAN_FORMS = ("auto", "scan", "dots")  # LinGdnLaunch.mean_form
+MEAN_FORMS = ("auto", "scan", "dots", "stored")  # LinGdnLaunch.mean_form
 MEAN_ACC_RULES = ("never", "one_wave", "always")  # LinGdnLaunch.mean_in_acc
 
 
@@ -591,7 +591,9 @@ class LinGdnLaunch:
     train_fused_max_K: int = 64
     # How the output forms the running mean of v it adds (MEAN_FORMS): "scan", in-chunk sums by
     # tl.cumsum, a scan inside the state pass's sequential loop; "dots", those sums of 16-bit v
-    # as a product with triangular ones (kernels/common/triton/prefix.py); "auto", per pass
+    # as a product with triangular ones (kernels/common/triton/prefix.py); "stored", not at all:
+    # the scan of v writes the mean whole in v's dtype (one more [B, T, H, V] write there) and
+    # the output only loads and adds it (a candidate, untimed); "auto", per pass
     # (RunningMean.sums_by_dot): dots in the output kernel, and in the fused state pass at K <=
     # 64 or within one wave of programs. One H100, T = 2k / 8k / 32k (records 20261207T024423,
     # T024458), scan -> dots: the output kernel 761 / 768 / 780 -> 701 / 715 / 740 us at K =

@@ -44,13 +44,19 @@ class RunningMean:
     linearized softmax GDN's v and v_sum0 + the earlier tokens' v); count: tokens before T.
     form (LinGdnLaunch.mean_form): the in-chunk sums by tl.cumsum ("scan"), for a 16-bit x as
     a product with triangular ones ("dots", prefix.py), or per pass ("auto", sums_by_dot);
-    into_acc (LinGdnLaunch.mean_in_acc): where that product lands (accumulates)."""
+    "stored": x is the running mean itself, added as it is (enter None, count unused);
+    into_acc (LinGdnLaunch.mean_in_acc): where the product lands (accumulates)."""
 
     x: torch.Tensor
-    enter: torch.Tensor
+    enter: torch.Tensor | None
     count: int
     form: str = "auto"
     into_acc: str = "one_wave"
+
+    @property
+    def stored(self) -> bool:
+        """Whether x holds the mean whole (form "stored")."""
+        return self.form == "stored"
 
     def sums_by_dot(self, state_pass: bool = False, K: int = 0, programs: int = 0,
                     multiprocessors: int | None = None) -> bool:
@@ -60,7 +66,7 @@ class RunningMean:
         `programs` on a GPU of `multiprocessors`, None off a GPU) at K <= 64 or where the
         programs fill at most one wave: at K = 128 with more programs the triangular
         product's registers cost the pass more than the scan does (LinGdnLaunch.mean_form)."""
-        if self.x.element_size() != 2 or self.form == "scan":
+        if self.x.element_size() != 2 or self.form in ("scan", "stored"):
             return False
         if self.form == "dots" or not state_pass:
             return True
@@ -79,13 +85,16 @@ class RunningMean:
 @triton.jit
 def _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count,
                       V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BY_DOT: tl.constexpr,
-                      INTO_ACC: tl.constexpr):
+                      INTO_ACC: tl.constexpr, STORED: tl.constexpr):
     """b_o [BT, BV] fp32 plus the running mean of RunningMean (x = mv, enter = menter) on the
     rows of chunk i_t, columns v0 .. v0 + BV; its in-chunk sums by row_prefix_sums(BY_DOT).
     INTO_ACC (with BY_DOT, a 16-bit x): the product with triangular ones accumulates into
     t * b_o, scaled back by 1/t after, so no second [BT, BV] fp32 tile is live (the scaling
-    there and back costs b_o a few fp32 roundings, far below its 16-bit output's)."""
+    there and back costs b_o a few fp32 roundings, far below its 16-bit output's). STORED: mv
+    is the mean itself, loaded and added."""
     b_x = load_tile(mv + seq * V, t0, v0, T, V, H * V, BT, BV)
+    if STORED:
+        return b_o + b_x.to(tl.float32)
     o_v = v0 + tl.arange(0, BV)
     b_enter = tl.load(menter + (i_bh * NT + i_t).to(tl.int64) * V + o_v, mask=o_v < V, other=0.0)
     b_t = (count + 1 + t0 + tl.arange(0, BT)).to(tl.float32)
@@ -104,7 +113,7 @@ def state_fwd_kernel(
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
     FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr,
-    MEAN_ACC: tl.constexpr,
+    MEAN_ACC: tl.constexpr, MEAN_STORED: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -136,7 +145,7 @@ def state_fwd_kernel(
             b_o = b_o * scale + tl.dot(b_a.to(dt), b_u.to(u.dtype.element_ty).to(dt), input_precision=PREC)
             if HAS_MEAN:
                 b_o = _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
-                                        MEAN_DOT, MEAN_ACC)
+                                        MEAN_DOT, MEAN_ACC, MEAN_STORED)
             store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
         if USE_G:
             last = tl.minimum(t0 + BT, T) - 1
@@ -154,7 +163,7 @@ def output_fwd_kernel(
     q, k, u, h, gam, mv, menter, o, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr, MEAN_ACC: tl.constexpr,
-    PREC: tl.constexpr,
+    MEAN_STORED: tl.constexpr, PREC: tl.constexpr,
 ):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -178,7 +187,7 @@ def output_fwd_kernel(
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
     if HAS_MEAN:  # the running mean of mv, added before the one rounding to o's dtype
         b_o = _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
-                                MEAN_DOT, MEAN_ACC)
+                                MEAN_DOT, MEAN_ACC, MEAN_STORED)
     store_tile(o + seq * V, b_o, t0, v0, T, V, H * V, BT, BV)
 
 
@@ -189,6 +198,8 @@ def _mean_args(mean: RunningMean | None, NT: int, chunk_size: int, where: str, s
     without one, a stand-in tensor (never read), count 0, no dots."""
     if mean is None:
         return stand_in, stand_in, 0, False, False
+    if mean.stored:  # the mean itself, [B, T, H, V]: no entering sums
+        return mean.x, mean.x, mean.count, False, False
     if mean.enter.shape[2] != NT:
         raise ValueError(f"{where}: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
                          f"the output {NT} of {chunk_size} tokens")
@@ -249,7 +260,7 @@ def state_fwd(
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
         STORE_STATES=store_states, HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_ACC=mean_acc,
-        num_warps=warps(cfg.num_warps), num_stages=stages,
+        MEAN_STORED=mean is not None and mean.stored, num_warps=warps(cfg.num_warps), num_stages=stages,
     )
     return h, u, ht, o
 
@@ -273,7 +284,7 @@ def output_fwd(
     output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_ACC=mean_acc,
+        HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_ACC=mean_acc, MEAN_STORED=mean is not None and mean.stored,
         PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
         num_stages=cfg.num_stages,
     )

@@ -60,8 +60,12 @@ def positional_gates(count: int, B: int, T: int, H: int, device: torch.device) -
 
 def _prepare(k: Tensor, v: Tensor, k_sum0: Tensor | None, v_sum0: Tensor | None, count: int, cfg: LinGdnLaunch):
     """The running-mean scans (triton_prep.py) under cfg.prep: (key and value, the delta
-    rule's k and v; the RunningMean its output adds; k_sum_T, v_sum_T)."""
-    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, count, cfg.prep)
+    rule's k and v; the RunningMean its output adds, from v and the entering sums or, under
+    mean_form "stored", written whole by the scan; k_sum_T, v_sum_T)."""
+    stored = cfg.mean_form == "stored"
+    key, value, v_enter, k_sum, v_sum = prep_fwd(k, v, k_sum0, v_sum0, count, cfg.prep, store_mean=stored)
+    if stored:  # v_enter is the running mean itself
+        return key, value, RunningMean(v_enter, None, count, "stored"), k_sum, v_sum
     return key, value, RunningMean(v, v_enter, count, cfg.mean_form, cfg.mean_in_acc), k_sum, v_sum
 
 

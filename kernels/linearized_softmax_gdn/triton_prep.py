@@ -16,7 +16,8 @@ feature block) walks T in chunks of BT rows, prefix sums inside the chunk (tl.cu
 of the sum so far, and writes key and value whole (centring them inside the delta rule's WY
 kernel instead is slower: docs/design.md §7). The running mean of v, which the output adds,
 is not stored: the scan of v stores the sum entering each 64-token chunk, and the delta
-rule's output kernel forms v_bar from it and v.
+rule's output kernel forms v_bar from it and v; under LinGdnLaunch.mean_form "stored" the scan
+writes v_bar whole (in v's dtype) and the output kernel only adds it.
 Backward (`running_mean_bwd`): the adjoint is the reverse scan. With c_t = x_t - S_t/t and
 m_t = S_t/t, the cotangent of S_t is r_t = (dm_t - dc_t) / t (+ dS_T at t = T), so
     dx_j = dc_j + sum_{t >= j} r_t,      ds0 = sum_t r_t + dS_T,
@@ -112,15 +113,17 @@ def _segment_carry(sums, i_bh, o_d, m_d, first, last, D: tl.constexpr, BD: tl.co
 
 @triton.jit
 def running_mean_fwd_kernel(
-    x, s0, centred, enter, s_final, seg_sums, count, T, NC, SEG_T,
+    x, s0, centred, enter, mean, s_final, seg_sums, count, T, NC, SEG_T,
     H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, CHUNK: tl.constexpr,
-    HAS_S0: tl.constexpr, STORE_ENTER: tl.constexpr, BY_DOT: tl.constexpr, SEGMENTED: tl.constexpr,
+    HAS_S0: tl.constexpr, STORE_ENTER: tl.constexpr, STORE_MEAN: tl.constexpr, BY_DOT: tl.constexpr,
+    SEGMENTED: tl.constexpr,
 ):
     """x, centred: [B, T, H, D]; s0, s_final: [B, H, D] fp32; enter: [B, H, NC, D] fp32, the
-    sum entering each CHUNK-row chunk (s0 plus every row before it). Grid (cdiv(D, BD), B*H,
-    NS): segment i_s walks rows i_s * SEG_T .. (a multiple of BT and of CHUNK), starting, when
-    SEGMENTED, from seg_sums (segment_sums_kernel's) of the segments before it. BY_DOT: the
-    in-tile sums by row_prefix_sums on the tensor cores (16-bit x)."""
+    sum entering each CHUNK-row chunk (s0 plus every row before it); mean: [B, T, H, D] in x's
+    dtype, the running mean S_t / t (STORE_MEAN). Grid (cdiv(D, BD), B*H, NS): segment i_s
+    walks rows i_s * SEG_T .. (a multiple of BT and of CHUNK), starting, when SEGMENTED, from
+    seg_sums (segment_sums_kernel's) of the segments before it. BY_DOT: the in-tile sums by
+    row_prefix_sums on the tensor cores (16-bit x)."""
     i_d, i_bh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     # element offset of row 0 of this sequence in a [B, T, H, D] tensor
@@ -139,7 +142,10 @@ def running_mean_fwd_kernel(
         b_xin = load_tile(x + seq, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
         b_x = b_xin.to(tl.float32)
         b_sum = row_prefix_sums(b_xin, BT, BY_DOT) + b_carry[None, :]
-        store_tile(centred + seq, b_x - b_sum * b_inv_t[:, None], i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+        b_mean = b_sum * b_inv_t[:, None]
+        store_tile(centred + seq, b_x - b_mean, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
+        if STORE_MEAN:
+            store_tile(mean + seq, b_mean, i_t * BT, i_d * BD, T, D, H * D, BT, BD)
         if STORE_ENTER:  # the rows that open a chunk: the sum before them
             p_enter = enter + (i_bh.to(tl.int64) * NC + o_t // CHUNK)[:, None] * D + o_d[None, :]
             m_open = ((o_t % CHUNK == 0) & (o_t < T))[:, None] & m_d[None, :]
@@ -226,18 +232,20 @@ def segment_sums(x, d_centred, d_mean, count: int, shape: tuple, device, blocks:
 
 
 def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store_enter: bool,
-                     cfg: PrepLaunch | None = None, chunk: int = CHUNK):
+                     cfg: PrepLaunch | None = None, chunk: int = CHUNK, store_mean: bool = False):
     """x: [B, T, H, D]; s0: [B, H, D] fp32 or None; cfg: launch settings (None: those in
     effect). Returns (centred [B, T, H, D] in x's dtype, the sums entering each chunk of
     `chunk` rows [B, H, cdiv(T, chunk), D] fp32 or None unless store_enter, s_final
-    [B, H, D] fp32). With those sums a chunk's running mean is
-    (enter + the chunk's own cumulative sum) / t, never stored whole."""
+    [B, H, D] fp32, the running mean [B, T, H, D] in x's dtype or None unless store_mean).
+    With the entering sums a chunk's running mean is (enter + the chunk's own cumulative
+    sum) / t, formed where it is used; store_mean writes it whole instead."""
     B, T, H, D = x.shape
     x = x.contiguous()
     s0 = s0.float().contiguous() if s0 is not None else None
     centred = new_buffer((B, T, H, D), x.dtype, x.device)
     NC = triton.cdiv(T, chunk)
     enter = new_buffer((B, H, NC, D), torch.float32, x.device) if store_enter else None
+    mean = new_buffer((B, T, H, D), x.dtype, x.device) if store_mean else None
     s_final = new_buffer((B, H, D), torch.float32, x.device)
     cfg = cfg or prep_launch()
     by_dot = cfg.fwd_by_dot and x.element_size() == 2  # fp32 keys and values keep the scan
@@ -247,11 +255,13 @@ def running_mean_fwd(x: torch.Tensor, s0: torch.Tensor | None, count: int, store
         raise ValueError(f"running_mean_fwd: segments of {seg} rows are not whole chunks of {chunk}")
     seg_sums = segment_sums(x, None, None, count, (B, T, H, D), x.device, blocks, cfg)
     running_mean_fwd_kernel[(triton.cdiv(D, bd), B * H, ns)](
-        x, s0, centred, enter, s_final, seg_sums if seg_sums is not None else s_final, count, T, NC, SEG_T=seg,
-        H=H, D=D, BT=bt, BD=bd, CHUNK=chunk, HAS_S0=s0 is not None, STORE_ENTER=store_enter, BY_DOT=by_dot,
-        SEGMENTED=seg_sums is not None, num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        x, s0, centred, enter, mean if mean is not None else centred, s_final,
+        seg_sums if seg_sums is not None else s_final, count, T, NC, SEG_T=seg,
+        H=H, D=D, BT=bt, BD=bd, CHUNK=chunk, HAS_S0=s0 is not None, STORE_ENTER=store_enter,
+        STORE_MEAN=store_mean, BY_DOT=by_dot, SEGMENTED=seg_sums is not None, num_warps=warps(cfg.num_warps),
+        num_stages=cfg.num_stages,
     )
-    return centred, enter, s_final
+    return centred, enter, s_final, mean
 
 
 def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has_s0: bool,
@@ -282,16 +292,18 @@ def running_mean_bwd(d_centred, d_mean, ds_final, count: int, x_meta: tuple, has
 
 
 def prep_fwd(k: torch.Tensor, v: torch.Tensor, k_sum0: torch.Tensor | None, v_sum0: torch.Tensor | None,
-             count: int, cfg: PrepLaunch):
+             count: int, cfg: PrepLaunch, store_mean: bool = False):
     """The running-mean scans: (k, v, k_sum0, v_sum0) -> (key, value, v_enter, k_sum_T,
     v_sum_T) of the module docstring. k: [B, T, H, K], v: [B, T, H, V] in fp16/bf16/fp32;
     k_sum0 [B, H, K] and v_sum0 [B, H, V] fp32, both None for an empty state (count = 0).
     key, value come in k's dtype, the sums in fp32: v_enter [B, H, cdiv(T, 64), V] the sums
     of v entering each 64-token chunk, from which the delta rule's output kernel adds the
-    running mean of v to o."""
-    key, _, k_sum = running_mean_fwd(k, k_sum0, count, store_enter=False, cfg=cfg)
-    value, v_enter, v_sum = running_mean_fwd(v, v_sum0, count, store_enter=True, cfg=cfg)
-    return key, value, v_enter, k_sum, v_sum
+    running mean of v to o; with store_mean, v_enter is instead that running mean itself,
+    [B, T, H, V] in v's dtype (LinGdnLaunch.mean_form "stored")."""
+    key, _, k_sum, _ = running_mean_fwd(k, k_sum0, count, store_enter=False, cfg=cfg)
+    value, v_enter, v_sum, v_mean = running_mean_fwd(v, v_sum0, count, store_enter=not store_mean, cfg=cfg,
+                                                     store_mean=store_mean)
+    return key, value, v_mean if store_mean else v_enter, k_sum, v_sum
 
 
 def prep_bwd(d_key, d_value, d_v_bar, d_k_sum, d_v_sum, count: int, k_meta: tuple, v_meta: tuple,

@@ -77,7 +77,7 @@ def bf16_errors(pairs: dict, case: str, twin=None) -> dict:
 # The running mean of v (LinGdnLaunch.mean_form): in-chunk sums by tl.cumsum or on the tensor
 # cores, the latter also inside the fused training pass (forced on: this shape has too few
 # heads for it and K = 128 is over train_fused_max_K), into a tile of their own or into the
-# output's (mean_in_acc)
+# output's (mean_in_acc); or written whole by the scan in v's dtype and only added ("stored")
 MEAN_FORMS = {
     "mean_scan": {"linearized_softmax_gdn": {"mean_form": "scan"}},
     "mean_dots": {"linearized_softmax_gdn": {"mean_form": "dots", "mean_in_acc": "never"}},
@@ -87,6 +87,9 @@ MEAN_FORMS = {
     "mean_dots_acc_fused": {"linearized_softmax_gdn": {"mean_form": "dots", "mean_in_acc": "always",
                                                        "train_fused_max_K": 128},
                             "gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}},
+    "mean_stored": {"linearized_softmax_gdn": {"mean_form": "stored"}},
+    "mean_stored_fused": {"linearized_softmax_gdn": {"mean_form": "stored", "train_fused_max_K": 128},
+                          "gated_delta_rule": {"fused_fwd": {"enabled": True, "min_heads": 1}}},
 }
 
 
@@ -160,13 +163,13 @@ def test_lin_gdn_prep_bf16_T8192_matches_loop(by_dot, segment_rows):
                 f"lin_gdn_prep_bf16_T{T}" + ("_dots" if by_dot else "") + (f"_segments{segment_rows}" if segment_rows else ""))
 
 
-@pytest.mark.parametrize("mean_form", ["scan", "dots", "dots_acc"])
+@pytest.mark.parametrize("mean_form", ["scan", "dots", "dots_acc", "stored"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
 def test_lin_gdn_bf16_T8192_forward_without_gradient(fused, mean_form):
     """The no-gradient forward (lin_gdn_infer; its running mean added in the fused state pass
     or in the output kernel, forced here; "dots_acc": the dots into the output's accumulator,
-    LinGdnLaunch.mean_in_acc): o and the final state against the fp64 chunked form, from a
-    state (count 37)."""
+    LinGdnLaunch.mean_in_acc; "stored": the mean written whole by the scan): o and the final
+    state against the fp64 chunked form, from a state (count 37)."""
     lin = pytest.importorskip("kernels.linearized_softmax_gdn")
     from kernels.common.launch import launch_settings
     from kernels.common.triton import utils

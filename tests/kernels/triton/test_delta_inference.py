@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kernels import delta_rule, gated_delta_rule, linearized_softmax_gdn
+from kernels.common.launch import launch_settings
 from tests.kernels.triton.test_delta_triton import make_inputs
 from tests.launch_util import DELTA_OPS, each
 from tests.nan_cases import LENGTHS, call, check_case, make_leaves
@@ -93,16 +94,22 @@ def test_routed_by_gradient(monkeypatch):
     assert calls == ["delta_rule_fwd", "delta_rule_fwd"]
 
 
+@pytest.mark.parametrize("mean_form", ["auto", "stored"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_kernels"])
-def test_lin_gdn_inference_equals_training_forward(launch, fused):
+def test_lin_gdn_inference_equals_training_forward(launch, fused, mean_form):
     """The linearized softmax GDN's no-gradient forward (lin_gdn_infer), its running mean
-    added in the fused pass or in output_fwd: the training forward's output (two kernels: bit
-    for bit; fused: up to summation order) and final state."""
-    launch(gated_delta_rule=FUSED if fused else UNFUSED)
+    added in the fused pass or in output_fwd, formed there or stored whole by the scan
+    (mean_form "stored"): the training forward's output (two kernels: bit for bit; fused: up
+    to summation order) and final state; and the stored mean's output against the formed one."""
+    launch(gated_delta_rule=FUSED if fused else UNFUSED, linearized_softmax_gdn={"mean_form": mean_form})
     gen = torch.Generator().manual_seed(72)
     q, k = torch.randn(2, 2, 100, 2, 16, generator=gen)
     v = torch.randn(2, 100, 2, 16, generator=gen)
     o, state = linearized_softmax_gdn(q, k, v, output_final_state=True, backend="triton")
+    if mean_form == "stored":
+        with launch_settings(linearized_softmax_gdn={"mean_form": "scan"}):
+            o_formed, _ = linearized_softmax_gdn(q, k, v, backend="triton")
+        assert rel_err(o, o_formed) < 1e-6
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     o2, state2 = linearized_softmax_gdn(*leaves, output_final_state=True, backend="triton")
     assert torch.equal(state.h, state2.h) and torch.equal(state.v_sum, state2.v_sum)

@@ -158,14 +158,15 @@ def test_fresh_start_fp16():
 @pytest.mark.parametrize(("form", "into_acc", "dtype"),
                          [("scan", "never", torch.float16), ("dots", "never", torch.float16),
                           ("dots", "always", torch.float16), ("dots", "always", torch.float32),
-                          ("auto", "one_wave", torch.float16), ("scan", "always", torch.float16)])
+                          ("auto", "one_wave", torch.float16), ("scan", "always", torch.float16),
+                          ("stored", "always", torch.float16), ("stored", "never", torch.float32)])
 def test_running_mean_of_v(launch, monkeypatch, fused, form, into_acc, dtype):
     """The running mean of v the output adds, in each LinGdnLaunch.mean_form: in-chunk sums by
     tl.cumsum or as a product with triangular ones (16-bit v; fp32 keeps the scan), the
-    latter into a tile of its own or into the output's (mean_in_acc, which the scan ignores);
-    in the fused training pass and in the output kernel, three chunks, a continued state. The
-    kernels are launched with the form asked for ("auto" at K = 16: dots in both; "one_wave"
-    off a GPU: a tile of their own)."""
+    latter into a tile of its own or into the output's (mean_in_acc, which the scan ignores),
+    or written whole by the scan and only added ("stored"); in the fused training pass and in
+    the output kernel, three chunks, a continued state. The kernels are launched with the form
+    asked for ("auto" at K = 16: dots in both; "one_wave" off a GPU: a tile of their own)."""
     from kernels.gated_delta_rule import triton_fwd
     from tests.launch_util import LaunchSpy
 
@@ -173,13 +174,15 @@ def test_running_mean_of_v(launch, monkeypatch, fused, form, into_acc, dtype):
     for name in ("state_fwd_kernel", "output_fwd_kernel"):
         monkeypatch.setattr(triton_fwd, name, LaunchSpy(
             getattr(triton_fwd, name),
-            lambda kw: forms.append((kw["MEAN_DOT"], kw["MEAN_ACC"]) if kw["HAS_MEAN"] else None)))
+            lambda kw: forms.append((kw["MEAN_DOT"], kw["MEAN_ACC"], kw["MEAN_STORED"]) if kw["HAS_MEAN"]
+                                    else None)))
     launch(gated_delta_rule={"fused_fwd": {"enabled": fused, "min_heads": 1}},
            linearized_softmax_gdn={"mean_form": form, "mean_in_acc": into_acc})
     run_case(1, 130, 2, 16, 32, 6, dtype, seed=41)
-    dots = form != "scan" and dtype != torch.float32
+    dots = form not in ("scan", "stored") and dtype != torch.float32
     acc = dots and into_acc == "always"
-    assert forms == ([(dots, acc)] if fused else [None, (dots, acc)])
+    mean = (dots, acc, form == "stored")
+    assert forms == ([mean] if fused else [None, mean])
     with pytest.raises(ValueError, match="mean_form must be one of"):
         launch(linearized_softmax_gdn={"mean_form": "sums"})
     with pytest.raises(ValueError, match="mean_in_acc must be one of"):
@@ -204,6 +207,8 @@ def test_auto_mean_form_picks_per_pass():
     assert not auto.sums_by_dot(state_pass=True, K=128, programs=8, multiprocessors=None)
     assert mean("dots").sums_by_dot(state_pass=True, K=128, programs=2048, multiprocessors=132)
     assert not mean("scan").sums_by_dot() and not mean("scan").sums_by_dot(state_pass=True, K=16)
+    assert not mean("stored").sums_by_dot() and not mean("stored").sums_by_dot(state_pass=True, K=16)
+    assert mean("stored").stored and not auto.stored
     assert not any(mean(form, torch.float32).sums_by_dot(state_pass=True, K=16) or
                    mean(form, torch.float32).sums_by_dot() for form in ("auto", "dots"))
 
@@ -403,6 +408,29 @@ def test_prep_in_segments_matches_loop(launch, bf16_dots, monkeypatch, T, K, V, 
         assert {seg for _, seg in grids} == {segment_rows}
     with pytest.raises(ValueError, match="segment_rows must be 0"):
         launch(linearized_softmax_gdn={"prep": {"segment_rows": 96}})
+
+
+@pytest.mark.parametrize(("T", "V", "count", "dtype", "by_dot", "segment_rows"), [
+    (130, 32, 3, torch.float32, False, 0),
+    (200, 48, 5, torch.float16, True, 0),  # 64-row tiles on the tensor cores
+    (200, 40, 0, torch.float16, False, 64),  # four segments, the last partial
+])
+def test_prep_stores_the_running_mean_whole(launch, T, V, count, dtype, by_dot, segment_rows):
+    """prep_fwd(store_mean=True) (LinGdnLaunch.mean_form "stored"): the scan of v writes the
+    running mean vbar_t [B, T, H, V] in v's dtype in place of the entering sums, against
+    running_means_loop's; key, value and the final sums as without it."""
+    launch(linearized_softmax_gdn={"prep": {"fwd_by_dot": by_dot, "segment_rows": segment_rows}})
+    cfg = settings("linearized_softmax_gdn").prep
+    k, v, *sums = prep_leaves(2, T, 2, 16, V, count, seed=T + V)
+    k, v = k.to(dtype), v.to(dtype)
+    sums = sums if count else [None, None]
+    key, value, v_bar, k_sum, v_sum = triton_prep.prep_fwd(k, v, *sums, count, cfg, store_mean=True)
+    plain = triton_prep.prep_fwd(k, v, *sums, count, cfg)
+    ref = running_means_loop(k.double(), v.double(), *(x.double() if x is not None else None for x in sums), count)
+    assert v_bar.dtype == dtype and v_bar.shape == v.shape
+    assert rel_err(v_bar, ref[2]) < TOL[dtype] and row_err(v_bar, ref[2]) < ROW_TOL[dtype]
+    for a, b in zip((key, value, k_sum, v_sum), (plain[0], plain[1], plain[3], plain[4])):
+        assert torch.equal(a, b)
 
 
 def test_prep_segments_only_up_to_segment_max_heads():
