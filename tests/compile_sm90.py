@@ -259,6 +259,9 @@ def run_ops() -> None:
           for how, fused in (("fused training pass", True), ("two kernels", False))],
         ("the running mean stored whole by the scan", {"linearized_softmax_gdn": {"mean_form": "stored"}},
          ["linearized_softmax_gdn", "linearized_softmax_gdn with a state"]),
+        ("the heads first on the grid, dU_local in its own launch",
+         {op: {"heads_first": True, "state_bwd": {"local_du": False}} for op in ("delta_rule", "gated_delta_rule")},
+         ["delta_rule", "gated_delta_rule"]),
     ]
     for label, over, names in options:
         with launch_settings(**over):

@@ -413,6 +413,14 @@ class DeltaLaunch:
     # 20261207T024308-T024402)
     wy_bwd: WyBwdLaunch = WyBwdLaunch(BK=64, BV=64, num_warps=4, num_stages=1, narrow_num_warps=2, dm_readback=True)
     seq: NarrowingLaunch = NarrowingLaunch(min_BV=32, min_waves=2)
+    # The kernels parallel over chunks (wy_fwd, wy_bwd, dqkw, du_local, output_fwd) launch the
+    # sequences of heads on the grid's faster axis rather than the chunks, so that programs
+    # running together read neighbouring heads' columns of the same rows ([B, T, H, D] keeps a
+    # row's heads side by side) instead of one head's columns over many rows. A candidate: at
+    # 32k, 64 sequences of heads, GDN's wy_fwd, wy_bwd and dqkw take 1,158 / 1,521 / 1,588 us
+    # against 969 / 1,230 / 1,426 at 2k for the same number of programs (K = 64, record
+    # 20261207T085540)
+    heads_first: bool = False
 
 
 SOLVE_OPERANDS = ("fp32", "fp16_scaled", "fp16_normed")

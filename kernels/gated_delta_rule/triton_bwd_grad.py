@@ -37,7 +37,7 @@ import triton.language as tl
 
 from kernels.common.triton.gates import anticausal_decay, causal_decay, pair_gate_grad, sum_before
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile, store_vec
-from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import block_size, chunk_and_head, chunk_grid, dot_precision, new_buffer, warps
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
@@ -67,9 +67,10 @@ def _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale,
 def dqkw_kernel(
     q, k, u, h, dh, do, du, gam, dq, dk, dw, dgam, scale, T, NT, BTH, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr,
+    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k = tl.program_id(0)
+    i_t, i_bh = chunk_and_head(1, HEADS_FIRST)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
     t0, k0 = i_t * BT, i_k * BK
@@ -147,7 +148,8 @@ def dqkw(
     BT = chunk_size
     NT = triton.cdiv(T, BT)
     dev = q.device
-    cfg = delta_launch(gam is not None).dqkw
+    launch = delta_launch(gam is not None)
+    cfg = launch.dqkw
     BK = block_size(K, cfg.BK)
     NK = triton.cdiv(K, BK)
     dq = new_buffer((B, T, H, K), q.dtype, dev)
@@ -156,10 +158,11 @@ def dqkw(
     # rows [0, NK): each K-block's d gamma per token; [NK, 2 NK): its share of dg from earlier rows
     need_dg = need_dg and gam is not None
     dgam = new_buffer((2 * NK, B, T, H), torch.float32, dev) if need_dg else None
-    dqkw_kernel[(NK, NT, B * H)](
+    dqkw_kernel[chunk_grid((NK,), NT, B * H, launch.heads_first, "dqkw")](
         q, k, u, h, dh, do, du, gam if gam is not None else q, dq, dk, dw,
         dgam if dgam is not None else q, scale, T, NT, B * T * H,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg.BV), USE_G=gam is not None,
-        NEED_DG=need_dg, PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        NEED_DG=need_dg, PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=launch.heads_first,
+        num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dq, dk, dw, dgam

@@ -32,7 +32,16 @@ from kernels.common.triton import utils
 from kernels.common.triton.gates import causal_decay
 from kernels.common.triton.prefix import row_prefix_sums
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
+from kernels.common.triton.utils import (
+    block_size,
+    chunk_and_head,
+    chunk_grid,
+    dot_precision,
+    full_block,
+    new_buffer,
+    sequential_block_v,
+    warps,
+)
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
@@ -163,9 +172,10 @@ def output_fwd_kernel(
     q, k, u, h, gam, mv, menter, o, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr, MEAN_ACC: tl.constexpr,
-    MEAN_STORED: tl.constexpr, PREC: tl.constexpr,
+    MEAN_STORED: tl.constexpr, PREC: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v = tl.program_id(0)
+    i_t, i_bh = chunk_and_head(1, HEADS_FIRST)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
     t0, v0 = i_t * BT, i_v * BV
@@ -276,16 +286,17 @@ def output_fwd(
     V = u.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     o = new_buffer((B, T, H, V), q.dtype, q.device)
-    cfg = delta_launch(gam is not None).output_fwd
+    launch = delta_launch(gam is not None)
+    cfg = launch.output_fwd
     BV = block_size(V, cfg.BV)
     mv, menter, count, mean_dot, mean_acc = _mean_args(mean, NT, chunk_size, "output_fwd", q,
                                                        mean is not None and mean.sums_by_dot(),
                                                        mean is not None and mean.accumulates())
-    output_fwd_kernel[(triton.cdiv(V, BV), NT, B * H)](
+    output_fwd_kernel[chunk_grid((triton.cdiv(V, BV),), NT, B * H, launch.heads_first, "output_fwd")](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
         HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_ACC=mean_acc, MEAN_STORED=mean is not None and mean.stored,
-        PREC=dot_precision(q.dtype, cfg.fp32_dots), num_warps=warps(cfg.warps_for(BV)),
-        num_stages=cfg.num_stages,
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=launch.heads_first,
+        num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return o

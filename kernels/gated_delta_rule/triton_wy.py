@@ -26,7 +26,7 @@ from kernels.common.launch import DeltaLaunch, settings
 from kernels.common.triton.gates import causal_decay, log2_gates
 from kernels.common.triton.solve import unit_lower_inverse_64
 from kernels.common.triton.tiles import load_tile, load_vec, store_tile, store_vec
-from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import block_size, chunk_and_head, chunk_grid, dot_precision, new_buffer, warps
 
 CHUNK = 64  # tokens per chunk: the blockwise solve below (kernels/common/triton/solve.py) is written for 64
 
@@ -68,8 +68,9 @@ def wy_fwd_kernel(
     k, v, beta, g, gam, tm, w, u0, T, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, PREC: tl.constexpr, SOLVE_PREC: tl.constexpr, STORE_TM: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_t, i_bh = chunk_and_head(0, HEADS_FIRST)
     i_b, i_h = i_bh // H, i_bh % H
     tl.static_assert(BT == 64, "wy_fwd's blockwise solve is written for 64-token chunks")
     seq = (i_b * T * H + i_h).to(tl.int64)
@@ -222,11 +223,12 @@ def wy_fwd(
     tm = new_buffer((B, T, H, CHUNK), dt, dev) if store_tm else None
     w = new_buffer((B, T, H, K), dt, dev)
     u0 = new_buffer((B, T, H, V), dt, dev)
-    cfg = delta_launch(g is not None).wy_fwd
-    wy_fwd_kernel[(triton.cdiv(T, CHUNK), B * H)](
+    launch = delta_launch(g is not None)
+    cfg = launch.wy_fwd
+    wy_fwd_kernel[chunk_grid((), triton.cdiv(T, CHUNK), B * H, launch.heads_first, "wy_fwd")](
         k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm if store_tm else w, w, u0, T, H,
         K=K, V=V, BT=CHUNK, BK=block_size(K, cfg.BK), BV=block_size(V, cfg.BV),
         USE_G=g is not None, PREC=dot_precision(dt, cfg.fp32_dots), SOLVE_PREC=solve_precision(dt, cfg.tf32_solve, cfg.fp32_dots),
-        STORE_TM=store_tm, num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        STORE_TM=store_tm, HEADS_FIRST=launch.heads_first, num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return gam, tm, w, u0

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from kernels.common.triton.gates import anticausal_decay, causal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, load_vec, store_tile, store_vec
-from kernels.common.triton.utils import block_size, dot_precision, new_buffer, warps
+from kernels.common.triton.utils import block_size, chunk_and_head, chunk_grid, dot_precision, new_buffer, warps
 from kernels.gated_delta_rule.triton_wy import delta_launch
 
 
@@ -36,9 +36,10 @@ def wy_bwd_kernel(
     k, v, beta, gam, tm, dw, du, dk_part, dgam_part, dk, dv, dbeta, dg, dm_scratch, T, BTH, NK, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr, DM_READBACK: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
     """dm_scratch: [B * H, cdiv(T, BT), BT, BT] in k's dtype with DM_READBACK (else unused)."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_t, i_bh = chunk_and_head(0, HEADS_FIRST)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
     t0 = i_t * BT
@@ -147,7 +148,8 @@ def wy_bwd(
     BT = tm.shape[-1]
     V = v.shape[-1]
     dev = k.device
-    cfg = delta_launch(gam is not None).wy_bwd
+    launch = delta_launch(gam is not None)
+    cfg = launch.wy_bwd
     BV = block_size(V, cfg.BV)
     dk = new_buffer((B, T, H, K), k.dtype, dev)
     dv = new_buffer((B, T, H, V), v.dtype, dev)
@@ -158,12 +160,13 @@ def wy_bwd(
     dg = new_buffer((B, T, H), g_dtype, dev) if need_dg else None
     # a scratch tile a chunk, written and read by its own program only
     dm_scratch = new_buffer((B * H, triton.cdiv(T, BT), BT, BT), k.dtype, dev) if cfg.dm_readback else k
-    wy_bwd_kernel[(triton.cdiv(T, BT), B * H)](
+    wy_bwd_kernel[chunk_grid((), triton.cdiv(T, BT), B * H, launch.heads_first, "wy_bwd")](
         k, v, beta, gam if gam is not None else k, tm, dw, du, dk_part,
         dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k, dm_scratch,
         T, B * T * H, dgam_part.shape[0] // 2 if dgam_part is not None else 0,
         H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
         NEED_DG=need_dg, PREC=dot_precision(k.dtype, cfg.fp32_dots), DM_READBACK=cfg.dm_readback,
+        HEADS_FIRST=launch.heads_first,
         num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return dk, dv, dbeta, dg

@@ -216,6 +216,17 @@ def test_wy_bwd_without_readback(case):
     assert not bad, f"{case} dM^T from products: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 
+@pytest.mark.parametrize("case", ["delta_bf16_T32768", "gdn_bf16_T4100_strong", "gdn_bf16_T1000_K256_V32"])
+def test_heads_first_grid(case):
+    """The kernels parallel over chunks launched with the sequences of heads on the grid's
+    faster axis (DeltaLaunch.heads_first): the same programs in another order, so the same
+    errors against fp64 to the last digit as the default's (dU_local in its own launch, so
+    that du_local runs too)."""
+    own = {"state_bwd": {"local_du": False}}
+    errors = variant_errors(case, {"heads_first": True, **own})
+    assert errors == variant_errors(case, own), f"{case} heads first: {errors}"
+
+
 # the no-gradient forward's forms: its state pass with the output fused, at the defaults (at
 # these few programs, FusedStateLaunch.few_program_stages) and at num_stages everywhere, or the
 # state pass then the output

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
 from kernels.common.dispatch import triton_interpret
 from kernels.common.launch import ChunkLaunch, SequentialLaunch, settings
@@ -28,6 +29,35 @@ class DebugFlags:
 
 
 DEBUG = DebugFlags()
+
+
+GRID_YZ_MAX = 65535  # CUDA's limit on a grid's second and third axes
+
+
+@triton.jit
+def chunk_and_head(AXIS: tl.constexpr, HEADS_FIRST: tl.constexpr):
+    """(i_t, i_bh): this program's chunk and sequence of heads in a grid of chunk_grid's, whose
+    axes AXIS and AXIS + 1 hold them, the chunks first unless HEADS_FIRST."""
+    if HEADS_FIRST:
+        return tl.program_id(AXIS + 1), tl.program_id(AXIS)
+    return tl.program_id(AXIS), tl.program_id(AXIS + 1)
+
+
+def chunk_grid(lead: tuple[int, ...], n_chunks: int, n_heads: int, heads_first: bool, where: str) -> tuple[int, ...]:
+    """A launch grid of the `lead` axes, then n_chunks chunks and n_heads = B * H sequences of
+    heads, the heads first (on the faster axis) where heads_first (DeltaLaunch.heads_first);
+    read back in the kernel by chunk_and_head. Raises if an axis past the first would hold
+    more than CUDA's 65,535 programs."""
+    pair = (n_heads, n_chunks) if heads_first else (n_chunks, n_heads)
+    grid = (*lead, *pair)
+    over = [(axis, n) for axis, n in enumerate(grid) if axis and n > GRID_YZ_MAX]
+    if over:
+        names = dict(zip((len(lead), len(lead) + 1), ("sequences of heads", "chunks") if heads_first
+                         else ("chunks", "sequences of heads")))
+        axis, n = over[0]
+        raise ValueError(f"{where}: {n} {names.get(axis, 'blocks')} on grid axis {axis}, over CUDA's limit of "
+                         f"{GRID_YZ_MAX} programs on every axis past the first")
+    return grid
 
 
 def new_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -330,3 +330,56 @@ def test_gate_without_gradient_skips_dg_only():
     assert "g" in grads[True] and "g" not in grads[False]
     for name, grad in grads[False].items():
         assert torch.equal(grad, grads[True][name]), name
+
+
+HEADS_FIRST_KERNELS = ("wy_fwd_kernel", "wy_bwd_kernel", "dqkw_kernel", "du_local_kernel", "output_fwd_kernel")
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
+def test_heads_first_grid_equals_chunks_first(launch, monkeypatch, gated):
+    """DeltaLaunch.heads_first: the kernels parallel over chunks launched with the sequences of
+    heads on the faster grid axis give the output, the final state and every gradient bit for
+    bit as with the chunks first (the same programs in another order), over several chunks and
+    sequences of heads; each of those kernels is launched with the order asked for (the
+    forward's output and dU_local in kernels of their own here, so that all five run)."""
+    import importlib
+
+    from tests.launch_util import LaunchSpy
+
+    modules = {name: importlib.import_module(f"kernels.gated_delta_rule.{name}")
+               for name in ("triton_wy", "triton_wy_bwd", "triton_bwd_grad", "triton_bwd", "triton_fwd")}
+    seen = []
+    for module in modules.values():
+        for name in HEADS_FIRST_KERNELS:
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, LaunchSpy(getattr(module, name),
+                                                            lambda kw, name=name: seen.append((name, kw["HEADS_FIRST"]))))
+    op = gated_delta_rule if gated else delta_rule
+    tensors, h0 = make_inputs(2, 150, 3, 32, 16, torch.float32, seed=150, gated=gated)
+    runs = []
+    for heads_first in (False, True):
+        launch(**each(DELTA_OPS, {"heads_first": heads_first, "fused_fwd": {"enabled": False},
+                                  "state_bwd": {"local_du": False}}))
+        leaves = {n: t.clone().requires_grad_(True) for n, t in tensors.items()}
+        state = h0.clone().requires_grad_(True)
+        o, ht = op(**leaves, initial_state=state, output_final_state=True, backend="triton")
+        grads = torch.autograd.grad((o, ht), [*leaves.values(), state], (torch.ones_like(o), torch.ones_like(ht)))
+        runs.append((o, ht, *grads))
+    for ours, chunks_first in zip(runs[1], runs[0]):
+        assert torch.equal(ours, chunks_first)
+    assert sorted(set(seen)) == sorted((name, order) for name in HEADS_FIRST_KERNELS for order in (False, True))
+
+
+def test_chunk_grid_orders_the_axes_and_refuses_too_many():
+    """chunk_grid: the lead axes, then chunks and sequences of heads in the order asked for;
+    an axis past the first over CUDA's 65,535 programs is an error naming what overflowed."""
+    from kernels.common.triton.utils import chunk_grid
+
+    assert chunk_grid((), 32, 512, False, "wy_fwd") == (32, 512)
+    assert chunk_grid((), 32, 512, True, "wy_fwd") == (512, 32)
+    assert chunk_grid((2,), 32, 512, True, "dqkw") == (2, 512, 32)
+    assert chunk_grid((), 70_000, 4, False, "wy_fwd") == (70_000, 4)  # the first axis has no such limit
+    with pytest.raises(ValueError, match="dqkw: 70000 chunks on grid axis 2, over CUDA's limit of 65535"):
+        chunk_grid((2,), 70_000, 4, True, "dqkw")
+    with pytest.raises(ValueError, match="wy_fwd: 70000 sequences of heads on grid axis 1"):
+        chunk_grid((), 8, 70_000, False, "wy_fwd")
