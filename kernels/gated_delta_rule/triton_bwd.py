@@ -28,16 +28,7 @@ import triton.language as tl
 from kernels.common.triton import utils
 from kernels.common.triton.gates import anticausal_decay
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import (
-    block_size,
-    chunk_and_head,
-    chunk_grid,
-    dot_precision,
-    full_block,
-    new_buffer,
-    sequential_block_v,
-    warps,
-)
+from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
@@ -48,7 +39,7 @@ def du_local_kernel(
     USE_G: tl.constexpr, PREC: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     i_v = tl.program_id(0)
-    i_t, i_bh = chunk_and_head(1, HEADS_FIRST)
+    i_t, i_bh = utils.chunk_and_head(1, HEADS_FIRST)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
     t0, v0 = i_t * BT, i_v * BV
@@ -139,7 +130,7 @@ def du_local(
     launch = delta_launch(gam is not None)
     cfg = launch.du_local
     BV = block_size(V, cfg.BV)
-    du_local_kernel[chunk_grid((triton.cdiv(V, BV),), triton.cdiv(T, chunk_size), B * H, launch.heads_first,
+    du_local_kernel[utils.chunk_grid((triton.cdiv(V, BV),), triton.cdiv(T, chunk_size), B * H, launch.heads_first,
                                "du_local")](
         q, k, do, gam if gam is not None else q, du, scale, T,
         H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,

@@ -32,16 +32,7 @@ from kernels.common.triton import utils
 from kernels.common.triton.gates import causal_decay
 from kernels.common.triton.prefix import row_prefix_sums
 from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
-from kernels.common.triton.utils import (
-    block_size,
-    chunk_and_head,
-    chunk_grid,
-    dot_precision,
-    full_block,
-    new_buffer,
-    sequential_block_v,
-    warps,
-)
+from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
@@ -175,7 +166,7 @@ def output_fwd_kernel(
     MEAN_STORED: tl.constexpr, PREC: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     i_v = tl.program_id(0)
-    i_t, i_bh = chunk_and_head(1, HEADS_FIRST)
+    i_t, i_bh = utils.chunk_and_head(1, HEADS_FIRST)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
     t0, v0 = i_t * BT, i_v * BV
@@ -292,7 +283,7 @@ def output_fwd(
     mv, menter, count, mean_dot, mean_acc = _mean_args(mean, NT, chunk_size, "output_fwd", q,
                                                        mean is not None and mean.sums_by_dot(),
                                                        mean is not None and mean.accumulates())
-    output_fwd_kernel[chunk_grid((triton.cdiv(V, BV),), NT, B * H, launch.heads_first, "output_fwd")](
+    output_fwd_kernel[utils.chunk_grid((triton.cdiv(V, BV),), NT, B * H, launch.heads_first, "output_fwd")](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
         HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_ACC=mean_acc, MEAN_STORED=mean is not None and mean.stored,
