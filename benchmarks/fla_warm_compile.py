@@ -2,8 +2,8 @@
 
 FLA 0.6.0's chunk_gla autotunes a few hundred Triton configurations on its first call and
 compiles each one in turn: on the H200 device that outlasted a 10-minute call (three tries);
-chunk_simple_gla's first calls at both head dims took a cold same-process sweep past 330 s
-twice on an H100 (2026-12-07).
+chunk_simple_gla's first calls at both head dims take a cold same-process sweep on an H100
+past 330 s.
 Compiling is CPU work and Triton caches every compiled kernel on disk (TRITON_CACHE_DIR), so
 this script starts N worker processes; worker i keeps every N-th configuration of each FLA
 autotuner (from the i-th on) and runs the op forward and backward once at the kernels task's gpu

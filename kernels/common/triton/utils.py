@@ -1,4 +1,5 @@
-"""Helpers shared by the Triton kernels: buffers, tile widths, dot precision, chunk sizes.
+"""Helpers shared by the Triton kernels: buffers, tile widths, dot precision, chunk sizes,
+the chunk-parallel kernels' launch grids.
 
 The gate unit (log2 gates, exp2 decays, the gate floor and gate modes) is gates.py; the
 masked loads and stores are tiles.py; launch settings are kernels/common/launch.py."""
