@@ -53,10 +53,10 @@ def chunk_grid(lead: tuple[int, ...], n_chunks: int, n_heads: int, heads_first: 
     grid = (*lead, *pair)
     over = [(axis, n) for axis, n in enumerate(grid) if axis and n > GRID_YZ_MAX]
     if over:
-        names = dict(zip((len(lead), len(lead) + 1), ("sequences of heads", "chunks") if heads_first
-                         else ("chunks", "sequences of heads")))
         axis, n = over[0]
-        raise ValueError(f"{where}: {n} {names.get(axis, 'blocks')} on grid axis {axis}, over CUDA's limit of "
+        names = ("sequences of heads", "chunks") if heads_first else ("chunks", "sequences of heads")
+        what = names[axis - len(lead)] if axis >= len(lead) else "blocks"
+        raise ValueError(f"{where}: {n} {what} on grid axis {axis}, over CUDA's limit of "
                          f"{GRID_YZ_MAX} programs on every axis past the first")
     return grid
 
