@@ -180,6 +180,7 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     # the untimed candidates, each after the defaults it is read against (no change)
     assert changed == [("gdn", {}, both), ("gdn", {"gated_delta_rule": {"fused_fwd": {"enabled": False}}}, ["fwdbwd"]),
                        ("gdn", {"gated_delta_rule": {"dqkw": {"BV": 32}}}, ["fwdbwd"]),
+                       ("gdn", {"gated_delta_rule": {"dqkw": {"BK": 32}}}, ["fwdbwd"]),
                        ("gdn", {"gated_delta_rule": {"heads_first": True}}, both),
                        ("lin_gdn", {}, both), ("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "stored"}}, both)]
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
