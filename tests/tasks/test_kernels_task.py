@@ -183,8 +183,7 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                        ("gdn", {"gated_delta_rule": {"dqkw": {"BK": 32}}}, ["fwdbwd"]),
                        ("gdn", {"gated_delta_rule": {"heads_first": True}}, both),
                        ("lin_gdn", {}, both), ("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "stored"}}, both),
-                       ("mesa", {}, both), ("mesa", {"mesa": {"bwd_solve": {"rows": 64}}}, ["fwdbwd"]),
-                       ("mesa", {"mesa": {"fwd_solve": {"rows": 32}}}, both)]
+                       ("mesa", {}, both), ("mesa", {"mesa": {"bwd_solve": {"rows": 64}}}, ["fwdbwd"])]
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
     # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64,
