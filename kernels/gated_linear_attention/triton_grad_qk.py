@@ -30,7 +30,8 @@ that kernel, which reads q, k, dO and dS' once more, is not launched. Spill stac
 kernel (sm_90 screen, Triton 3.9, `python tests/compile_sm90.py --resources`), unfused 240 B
 at K = 64, 4 warps: dv in a second pass 656 B at 4 warps and 144 at 8 (K = 128 in one
 128-key block: 1,864 / 256), dv inside the first pass 600 / 240 (1,968 / 864); hence the
-second pass (configs/kernels-launch-candidates.yaml times it at 4 and 8 warps).
+second pass, at 4 warps: 8 warps over one 128-key block ran slower at both head dims (launch
+candidate 7 in docs/results.md).
 """
 
 from __future__ import annotations
