@@ -193,18 +193,21 @@ def output_fwd_kernel(
 
 
 def _mean_args(mean: RunningMean | None, NT: int, chunk_size: int, where: str, stand_in: torch.Tensor,
-               by_dot: bool = False, into_acc: bool = False):
-    """The kernels' (mv, menter, count) of `mean`, checked against NT chunks of chunk_size,
-    MEAN_DOT (by_dot where there is a mean) and MEAN_ACC (into_acc where it takes the dots);
-    without one, a stand-in tensor (never read), count 0, no dots."""
+               state_pass: bool = False, K: int = 0, programs: int = 0, multiprocessors: int | None = None):
+    """The kernels' (mv, menter, count) of `mean`, checked against NT chunks of chunk_size, and
+    their constexprs HAS_MEAN, MEAN_DOT, MEAN_ACC and MEAN_STORED for a pass of `programs`
+    (state_pass, K and multiprocessors as RunningMean.sums_by_dot and .accumulates take them);
+    without a mean, a stand-in tensor (never read), count 0 and every switch off."""
     if mean is None:
-        return stand_in, stand_in, 0, False, False
+        return stand_in, stand_in, 0, dict(HAS_MEAN=False, MEAN_DOT=False, MEAN_ACC=False, MEAN_STORED=False)
     if mean.stored:  # the mean itself, [B, T, H, V]: no entering sums
-        return mean.x, mean.x, mean.count, False, False
+        return mean.x, mean.x, mean.count, dict(HAS_MEAN=True, MEAN_DOT=False, MEAN_ACC=False, MEAN_STORED=True)
     if mean.enter.shape[2] != NT:
         raise ValueError(f"{where}: the running mean's entering sums have {mean.enter.shape[2]} chunks, "
                          f"the output {NT} of {chunk_size} tokens")
-    return mean.x, mean.enter, mean.count, by_dot, by_dot and into_acc
+    by_dot = mean.sums_by_dot(state_pass, K, programs, multiprocessors)
+    into_acc = by_dot and mean.accumulates(state_pass, programs, multiprocessors)
+    return mean.x, mean.enter, mean.count, dict(HAS_MEAN=True, MEAN_DOT=by_dot, MEAN_ACC=into_acc, MEAN_STORED=False)
 
 
 def _fused_settings(launch, inference: bool):
@@ -250,18 +253,15 @@ def state_fwd(
     BV = sequential_block_v(V, cap, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
     programs, multiprocessors = triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev)
     stages = cfg.stages_at(full_block(K), k.element_size(), programs, multiprocessors)
-    mv, menter, count, mean_dot, mean_acc = _mean_args(
-        mean, NT, chunk_size, "state_fwd", k,
-        mean is not None and mean.sums_by_dot(state_pass=True, K=K, programs=programs, multiprocessors=multiprocessors),
-        mean is not None and mean.accumulates(state_pass=True, programs=programs, multiprocessors=multiprocessors))
+    mv, menter, count, mean_flags = _mean_args(mean, NT, chunk_size, "state_fwd", k, state_pass=True, K=K,
+                                               programs=programs, multiprocessors=multiprocessors)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
         h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,
         o if o is not None else u0, mv, menter, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        STORE_STATES=store_states, HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_ACC=mean_acc,
-        MEAN_STORED=mean is not None and mean.stored, num_warps=warps(cfg.num_warps), num_stages=stages,
+        STORE_STATES=store_states, **mean_flags, num_warps=warps(cfg.num_warps), num_stages=stages,
     )
     return h, u, ht, o
 
@@ -280,13 +280,10 @@ def output_fwd(
     launch = delta_launch(gam is not None)
     cfg = launch.output_fwd
     BV = block_size(V, cfg.BV)
-    mv, menter, count, mean_dot, mean_acc = _mean_args(mean, NT, chunk_size, "output_fwd", q,
-                                                       mean is not None and mean.sums_by_dot(),
-                                                       mean is not None and mean.accumulates())
+    mv, menter, count, mean_flags = _mean_args(mean, NT, chunk_size, "output_fwd", q)
     output_fwd_kernel[utils.chunk_grid((triton.cdiv(V, BV),), NT, B * H, launch.heads_first, "output_fwd")](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
-        K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        HAS_MEAN=mean is not None, MEAN_DOT=mean_dot, MEAN_ACC=mean_acc, MEAN_STORED=mean is not None and mean.stored,
+        K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None, **mean_flags,
         PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=launch.heads_first,
         num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
