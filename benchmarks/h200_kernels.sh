@@ -15,7 +15,8 @@
 # runs, and one that runs none is skipped). FRESH=1: the committed
 # records do not count as done (time again after a kernel change).
 # TESTS / TESTS_S: GPU test files and their limit (0: none; the default); TESTS_K: a pytest -k
-# expression among them; TESTS_N: pytest-xdist workers (its wheel carried in .whl/; they compile
+# expression among them; TESTS_N: pytest-xdist workers, at most one per TESTS_GIB_PER_WORKER
+# (default 12) GiB of the GPU's memory (its wheel carried in .whl/; they compile
 # in parallel on the device's cores and share the GPU's memory, each test releasing its cache);
 # TESTS_ARGS: more pytest arguments (e.g. -x); the tests of one case share a worker
 # (tests/gpu/conftest.py, --dist loadgroup); they run before the sweeps, or after them with
@@ -88,9 +89,21 @@ fi
 gpu_tests() {
     # The whole output goes into the logs (each case's errors included, and with -rA a line for
     # every test that finished, so a run cut at its limit says which ran); the summary lines here.
+    # Workers are capped at one per TESTS_GIB_PER_WORKER (default 12) GiB of GPU memory: a worker
+    # holds up to about 8 GiB at once (12 of them filled an H100's 79 GiB on 2026-12-07, and 87
+    # tests failed out of memory), so an H100 takes 6 and an H200 11.
+    local workers=${TESTS_N:-} gib cap
+    if [ -n "$workers" ]; then
+        gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1) / 1024 ))
+        cap=$(( gib / ${TESTS_GIB_PER_WORKER:-12} )); [ "$cap" -ge 1 ] || cap=1
+        if [ "$workers" -gt "$cap" ]; then
+            echo "TESTS_N=$workers cut to $cap workers: $gib GiB of GPU memory at ${TESTS_GIB_PER_WORKER:-12} GiB a worker"
+            workers=$cap
+        fi
+    fi
     # shellcheck disable=SC2086
     timeout -k 20 -s INT "$(limit "$TESTS_S")" python3 -m pytest -q -rA -s -p no:cacheprovider ${TESTS:-tests/gpu} \
-        ${TESTS_K:+-k "$TESTS_K"} ${TESTS_N:+-n "$TESTS_N" --dist loadgroup} ${TESTS_ARGS:-} >"$OUT/logs/gpu_tests.log" 2>&1
+        ${TESTS_K:+-k "$TESTS_K"} ${workers:+-n "$workers" --dist loadgroup} ${TESTS_ARGS:-} >"$OUT/logs/gpu_tests.log" 2>&1
     grep -E "GPU-ERR|passed|failed|skipped|PASSED|FAILED|^E  " "$OUT/logs/gpu_tests.log" | tail -n 40
     pack
 }

@@ -414,13 +414,23 @@ class DeltaLaunch:
     wy_bwd: WyBwdLaunch = WyBwdLaunch(BK=64, BV=64, num_warps=4, num_stages=1, narrow_num_warps=2, dm_readback=True)
     seq: NarrowingLaunch = NarrowingLaunch(min_BV=32, min_waves=2)
     # The kernels parallel over chunks (wy_fwd, wy_bwd, dqkw, du_local, output_fwd) launch the
-    # sequences of heads on the grid's faster axis rather than the chunks, so that programs
-    # running together read neighbouring heads' columns of the same rows ([B, T, H, D] keeps a
-    # row's heads side by side) instead of one head's columns over many rows. A candidate: at
-    # 32k, 64 sequences of heads, GDN's wy_fwd, wy_bwd and dqkw take 1,158 / 1,521 / 1,588 us
-    # against 969 / 1,230 / 1,426 at 2k for the same number of programs (K = 64, record
-    # 20261207T085540)
+    # sequences of heads on the grid's faster axis rather than the chunks (heads_first: always;
+    # heads_first_from_chunks: where a sequence has at least that many chunks, 0: never), so
+    # that programs running together read neighbouring heads' columns of the same rows
+    # ([B, T, H, D] keeps a row's heads side by side) instead of one head's columns over many
+    # rows (DEFAULTS: GDN from 256 chunks on)
     heads_first: bool = False
+    heads_first_from_chunks: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.heads_first_from_chunks, int) or self.heads_first_from_chunks < 0:
+            raise ValueError("DeltaLaunch.heads_first_from_chunks must be a count of chunks >= 0 (0: never), "
+                             f"got {self.heads_first_from_chunks!r}")
+
+    def heads_first_at(self, n_chunks: int) -> bool:
+        """Whether the chunk-parallel kernels of a sequence of n_chunks chunks launch the heads
+        on the grid's faster axis (chunk_grid)."""
+        return self.heads_first or 0 < self.heads_first_from_chunks <= n_chunks
 
 
 SOLVE_OPERANDS = ("fp32", "fp16_scaled", "fp16_normed")
@@ -431,8 +441,9 @@ DOT_PRECISIONS = ("ieee", "tf32", "tf32x3")
 class SolveLaunch:
     """Launch settings of mesa's CG kernels (kernels/mesa/triton_solve.py).
 
-    rows: rows (tokens) per program, the chunk or a fraction of it; num_warps: on a GPU,
-    narrow_num_warps at head dims up to narrow_max_K (warps_for);
+    rows: rows (tokens) per program, the chunk or a fraction of it, narrow_rows (0: rows) at
+    head dims up to narrow_max_K (rows_for); num_warps: on a GPU, narrow_num_warps at head dims
+    up to narrow_max_K (warps_for);
     weights_scan: segment sums by a running sum instead of an fp32 FMA product
     (chunk_weights); diag_cg_prec: diag(M) (the Jacobi start only) at the CG loop's dot
     precision instead of fp32 FMAs (the same for fp32 inputs); operands: the CG mat-vecs'
@@ -442,6 +453,7 @@ class SolveLaunch:
     16-bit inputs only (fp32 inputs keep true fp32 products)."""
 
     rows: int = 64
+    narrow_rows: int = 0
     num_warps: int = 8
     narrow_num_warps: int = 4
     narrow_max_K: int = 64
@@ -452,6 +464,11 @@ class SolveLaunch:
     def __post_init__(self) -> None:
         _check_pow2(self, "num_warps", (1, 2, 4, 8, 16, 32))
         _check_pow2(self, "narrow_num_warps", (1, 2, 4, 8, 16, 32))
+        for name in ("rows", "narrow_rows"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0 or value & (value - 1) or (name == "rows" and value < 16):
+                raise ValueError(f"SolveLaunch.{name} must be a power of two of at least 16"
+                                 f"{' or 0 (rows)' if name == 'narrow_rows' else ''}, got {value!r}")
         if self.operands not in SOLVE_OPERANDS:
             raise ValueError(f"SolveLaunch.operands must be one of {SOLVE_OPERANDS}, got {self.operands!r}")
 
@@ -464,6 +481,11 @@ class SolveLaunch:
         T = 2k, forward / backward solve: K = 64 7,828 / 14,684 -> 3,999 / 7,555 us; K = 128
         8,529 / 10,292 -> 15,749 / 25,638 us; records 20261206T194448 and T194514)."""
         return self.narrow_num_warps if BK <= self.narrow_max_K else self.num_warps
+
+    def rows_for(self, BK: int) -> int:
+        """Rows per program of a launch whose K-block is BK wide: narrow_rows (where set) up to
+        narrow_max_K, rows above."""
+        return self.narrow_rows if self.narrow_rows and BK <= self.narrow_max_K else self.rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -508,8 +530,8 @@ class MesaLaunch:
 
     prec: every dot outside the CG loops, cg_prec: the CG loops' dots, both for fp16/bf16
     inputs only (fp32 inputs always take "ieee"): tf32 is about 5e-4 relative per product,
-    far below bf16's rounding. The CG kernels of the backward run 32 rows per program
-    (fewer registers; 1.2x faster at T = 8192), the forward the whole 64-token chunk, both
+    far below bf16's rounding. The CG kernels of the backward run 32 rows per program above
+    head dim 64 (fewer registers; 1.2x faster at T = 8192), the forward the whole 64-token chunk, both
     on fp16 operands scaled by a carried norm (fwd / bwd 14.8 / 20.4 -> 12.1 / 16.2 ms at
     T = 8192 against per-row scaling). The state passes take 128-row blocks
     (1.62 -> 1.14 ms forward at T = 2048)."""
@@ -518,7 +540,11 @@ class MesaLaunch:
     cg_prec: str = "tf32"
     fwd_solve: SolveLaunch = SolveLaunch(rows=64, num_warps=8, weights_scan=True, diag_cg_prec=True,
                                          operands="fp16_normed")
-    bwd_solve: SolveLaunch = SolveLaunch(rows=32, num_warps=8, weights_scan=True, diag_cg_prec=True,
+    # The adjoint CG at K <= 64 (4 warps) on the forward's 64 rows: backward solve 7,590 /
+    # 7,573 / 7,648 -> 4,638 / 4,600 / 4,622 us at T = 2k / 8k / 32k, K = 64 (forward+backward
+    # 17.6 / 18.3 / 20.2 -> 14.6 / 15.0 / 17.1 ms); at K = 128 (8 warps) 64 rows lose, 10,243 ->
+    # 12,948 us at 2k (one H100, records 20261207T143217, T143240)
+    bwd_solve: SolveLaunch = SolveLaunch(rows=32, narrow_rows=64, num_warps=8, weights_scan=True, diag_cg_prec=True,
                                          operands="fp16_normed")
     states: StateLaunch = StateLaunch(max_BK=128, max_BD=64, min_BD=16, min_programs=2, num_warps=4, num_stages=2)
     # The gradient kernel, one H100, T = 2k / 8k / 32k, 4 warps over 32-column key blocks:
@@ -707,6 +733,13 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
                                       factors_on_v=True),
         dqkw=dataclasses.replace(DeltaLaunch.dqkw, dk_part_16bit=True),
         seq=NarrowingLaunch(min_BV=32, min_waves=1),
+        # the chunk-parallel kernels heads first from 256 chunks a sequence on (T >= 16k at
+        # chunk 64); heads first everywhere against chunks first, T = 2k / 8k / 32k (32 / 128 /
+        # 512 chunks): forward+backward K = 128 5.48 / 5.56 / 5.79 -> 5.57 / 5.50 / 5.42 ms, K =
+        # 64 4.89 / 5.04 / 6.16 -> 5.09 / 5.06 / 5.66; forward K = 128 1.22 / 1.23 / 1.39 ->
+        # 1.24 / 1.23 / 1.33, K = 64 1.31 / 1.31 / 1.61 -> 1.40 / 1.39 / 1.55 (one H100, Triton
+        # 3.7.1, records 20261207T143008, T143103); lin_gdn runs these kernels under these settings
+        heads_first_from_chunks=256,
     ),
     "mesa": MesaLaunch(),
     # the running-mean scans in segments of 2,048 rows where at most 64 sequences of heads run:

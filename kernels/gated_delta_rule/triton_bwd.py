@@ -130,11 +130,12 @@ def du_local(
     launch = delta_launch(gam is not None)
     cfg = launch.du_local
     BV = block_size(V, cfg.BV)
-    grid = utils.chunk_grid((triton.cdiv(V, BV),), triton.cdiv(T, chunk_size), B * H, launch.heads_first, "du_local")
+    heads_first = launch.heads_first_at(triton.cdiv(T, chunk_size))
+    grid = utils.chunk_grid((triton.cdiv(V, BV),), triton.cdiv(T, chunk_size), B * H, heads_first, "du_local")
     du_local_kernel[grid](
         q, k, do, gam if gam is not None else q, du, scale, T,
         H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=launch.heads_first, num_warps=warps(cfg.warps_for(BV)),
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first, num_warps=warps(cfg.warps_for(BV)),
         num_stages=cfg.num_stages,
     )
     return du

@@ -158,11 +158,12 @@ def dqkw(
     # rows [0, NK): each K-block's d gamma per token; [NK, 2 NK): its share of dg from earlier rows
     need_dg = need_dg and gam is not None
     dgam = new_buffer((2 * NK, B, T, H), torch.float32, dev) if need_dg else None
-    dqkw_kernel[chunk_grid((NK,), NT, B * H, launch.heads_first, "dqkw")](
+    heads_first = launch.heads_first_at(NT)
+    dqkw_kernel[chunk_grid((NK,), NT, B * H, heads_first, "dqkw")](
         q, k, u, h, dh, do, du, gam if gam is not None else q, dq, dk, dw,
         dgam if dgam is not None else q, scale, T, NT, B * T * H,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg.BV), USE_G=gam is not None,
-        NEED_DG=need_dg, PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=launch.heads_first,
+        NEED_DG=need_dg, PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first,
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return dq, dk, dw, dgam

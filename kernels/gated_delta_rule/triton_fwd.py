@@ -281,10 +281,11 @@ def output_fwd(
     cfg = launch.output_fwd
     BV = block_size(V, cfg.BV)
     mv, menter, count, mean_flags = _mean_args(mean, NT, chunk_size, "output_fwd", q)
-    output_fwd_kernel[utils.chunk_grid((triton.cdiv(V, BV),), NT, B * H, launch.heads_first, "output_fwd")](
+    heads_first = launch.heads_first_at(NT)
+    output_fwd_kernel[utils.chunk_grid((triton.cdiv(V, BV),), NT, B * H, heads_first, "output_fwd")](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None, **mean_flags,
-        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=launch.heads_first,
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first,
         num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return o

@@ -225,10 +225,11 @@ def wy_fwd(
     u0 = new_buffer((B, T, H, V), dt, dev)
     launch = delta_launch(g is not None)
     cfg = launch.wy_fwd
-    wy_fwd_kernel[chunk_grid((), triton.cdiv(T, CHUNK), B * H, launch.heads_first, "wy_fwd")](
+    heads_first = launch.heads_first_at(triton.cdiv(T, CHUNK))
+    wy_fwd_kernel[chunk_grid((), triton.cdiv(T, CHUNK), B * H, heads_first, "wy_fwd")](
         k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm if store_tm else w, w, u0, T, H,
         K=K, V=V, BT=CHUNK, BK=block_size(K, cfg.BK), BV=block_size(V, cfg.BV),
         USE_G=g is not None, PREC=dot_precision(dt, cfg.fp32_dots), SOLVE_PREC=solve_precision(dt, cfg.tf32_solve, cfg.fp32_dots),
-        STORE_TM=store_tm, HEADS_FIRST=launch.heads_first, num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        STORE_TM=store_tm, HEADS_FIRST=heads_first, num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )
     return gam, tm, w, u0

@@ -160,13 +160,14 @@ def wy_bwd(
     dg = new_buffer((B, T, H), g_dtype, dev) if need_dg else None
     # a scratch tile a chunk, written and read by its own program only
     dm_scratch = new_buffer((B * H, triton.cdiv(T, BT), BT, BT), k.dtype, dev) if cfg.dm_readback else k
-    wy_bwd_kernel[chunk_grid((), triton.cdiv(T, BT), B * H, launch.heads_first, "wy_bwd")](
+    heads_first = launch.heads_first_at(triton.cdiv(T, BT))
+    wy_bwd_kernel[chunk_grid((), triton.cdiv(T, BT), B * H, heads_first, "wy_bwd")](
         k, v, beta, gam if gam is not None else k, tm, dw, du, dk_part,
         dgam_part if dgam_part is not None else k, dk, dv, dbeta, dg if dg is not None else k, dm_scratch,
         T, B * T * H, dgam_part.shape[0] // 2 if dgam_part is not None else 0,
         H=H, K=K, V=V, BT=BT, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
         NEED_DG=need_dg, PREC=dot_precision(k.dtype, cfg.fp32_dots), DM_READBACK=cfg.dm_readback,
-        HEADS_FIRST=launch.heads_first,
+        HEADS_FIRST=heads_first,
         num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return dk, dv, dbeta, dg

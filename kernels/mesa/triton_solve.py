@@ -114,11 +114,11 @@ def _tol2(tol: float | None) -> float:
     return 0.0 if tol is None else min(float(tol) ** 2, 1e38)
 
 
-def _launch_shape(q: torch.Tensor, v: torch.Tensor, chunk_size: int, rows: int) -> tuple:
+def _launch_shape(q: torch.Tensor, v: torch.Tensor, chunk_size: int, launch: SolveLaunch) -> tuple:
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BR = min(rows, chunk_size)
     BK = max(16, triton.next_power_of_2(K))
+    BR = min(launch.rows_for(BK), chunk_size)
     BV = max(16, min(64, triton.next_power_of_2(V)))
     NT = triton.cdiv(T, chunk_size)
     return B, T, H, K, V, BR, BK, BV, NT, (chunk_size // BR, NT, B * H)
@@ -132,7 +132,7 @@ def mesa_fwd_solve(
     """q*, o for every token. q, k: [B, T, H, K]; v: [B, T, H, V]; g, beta: [B, T, H];
     lamb: [H, K] fp32; h_kk: [B, H, NT, K, K], h_kv: [B, H, NT, K, V] fp32 states entering
     each chunk. Returns q_star [B, T, H, K] fp32 and o [B, T, H, V] in v's dtype."""
-    B, T, H, K, V, BR, BK, BV, NT, grid = _launch_shape(q, v, chunk_size, launch.rows)
+    B, T, H, K, V, BR, BK, BV, NT, grid = _launch_shape(q, v, chunk_size, launch)
     q_star = new_buffer((B, T, H, K), torch.float32, q.device)
     o = new_buffer((B, T, H, V), v.dtype, v.device)
     LAST_COMPILED["fwd"] = mesa_fwd_solve_kernel[grid](
@@ -152,7 +152,7 @@ def mesa_bwd_solve(
     """Adjoint solve. Arguments as in mesa_fwd_solve, plus q_star [B, T, H, K] fp32 and
     do [B, T, H, V]. Returns y [B, T, H, K] fp32, dq [B, T, H, K] in q_dtype, e [B, T, H]
     fp32 (gradient of each log d_i) and dlamb [H, K] fp32."""
-    B, T, H, K, V, BR, BK, BV, NT, grid = _launch_shape(q_star, v, chunk_size, launch.rows)
+    B, T, H, K, V, BR, BK, BV, NT, grid = _launch_shape(q_star, v, chunk_size, launch)
     y = new_buffer((B, T, H, K), torch.float32, k.device)
     dq = new_buffer((B, T, H, K), q_dtype, k.device)
     e = new_buffer((B, T, H), torch.float32, k.device)

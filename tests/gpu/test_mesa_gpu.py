@@ -61,13 +61,15 @@ CASES = {
         1, 8192, 2, 128, 128, torch.bfloat16, "near0", {"cg_steps": 30, "tuning": {"cg_operands": "fp32"}}),
 }
 # cases compared with a CASES entry rather than held to the bounds: the K = 64 case with its
-# CG programs at the wide programs' 8 warps, and the strong-gate cases with the gradient
+# CG programs at the wide programs' 8 warps or at 32 rows a program, and the strong-gate cases with the gradient
 # kernel at 8 warps over the whole K ("grads": GradsLaunch fields; the default is 4 warps over
 # 32-column key blocks)
 GRADS_8W_WHOLE_K = {"num_warps": 8, "BC": 256}
 PAIRED = {
     "bf16_T2100_K64_strong_8warps": (
         2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30, "tuning": {"narrow_num_warps": 8}}),
+    "bf16_T2100_K64_strong_rows32": (
+        2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30, "tuning": {"narrow_rows": 32}}),
     "bf16_T2100_K64_strong_grads_8w_whole_k": (
         2, 2100, 2, 64, 64, torch.bfloat16, "strong", {"cg_steps": 30, "grads": GRADS_8W_WHOLE_K}),
     "bf16_T2100_strong_grads_8w_whole_k": (
@@ -191,6 +193,16 @@ def test_narrow_warps_match_wide_warps():
     narrow, wide = errors_of("bf16_T2100_K64_strong_vs_exact"), errors_of("bf16_T2100_K64_strong_8warps")
     apart = {n: (narrow[n], wide[n]) for n in narrow if abs(narrow[n] - wide[n]) > 0.01 * wide[n] + 1e-7}
     assert not apart, f"narrow / wide warps' errors apart: {apart}"
+
+
+def test_rows_per_program_match():
+    """The K = 64 strong-gate case with both CG solves at 64 rows a program (the narrow_rows
+    default: the backward's 32 rows hold above K = 64) and at 32: every output's and gradient's
+    error against the exact solve the same to within 1 % (each token's system is solved on its
+    own; only how dlamb's partial sums are grouped differs)."""
+    wide, narrow = errors_of("bf16_T2100_K64_strong_vs_exact"), errors_of("bf16_T2100_K64_strong_rows32")
+    apart = {n: (wide[n], narrow[n]) for n in wide if abs(wide[n] - narrow[n]) > 0.01 * narrow[n] + 1e-7}
+    assert not apart, f"64 / 32 rows' errors apart: {apart}"
 
 
 @pytest.mark.parametrize("case", ["bf16_T2100_K64_strong_vs_exact", "bf16_T2100_strong_vs_exact"])

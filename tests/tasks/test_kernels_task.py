@@ -178,12 +178,8 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     changed = [(p.mixer, p.config["launch"], p.config["phases"]) for p in plan.points]
     both = ["fwd", "fwdbwd"]
     # the untimed candidates, each after the defaults it is read against (no change)
-    assert changed == [("gdn", {}, both), ("gdn", {"gated_delta_rule": {"fused_fwd": {"enabled": False}}}, ["fwdbwd"]),
-                       ("gdn", {"gated_delta_rule": {"dqkw": {"BV": 32}}}, ["fwdbwd"]),
-                       ("gdn", {"gated_delta_rule": {"dqkw": {"BK": 32}}}, ["fwdbwd"]),
-                       ("gdn", {"gated_delta_rule": {"heads_first": True}}, both),
-                       ("lin_gdn", {}, both), ("lin_gdn", {"linearized_softmax_gdn": {"mean_form": "stored"}}, both),
-                       ("mesa", {}, both), ("mesa", {"mesa": {"bwd_solve": {"rows": 64}}}, ["fwdbwd"])]
+    assert changed == [("deltanet", {}, both), ("deltanet", {"delta_rule": {"heads_first_from_chunks": 256}}, both),
+                       ("lin_gdn", {}, both), ("lin_gdn", {"gated_delta_rule": {"heads_first_from_chunks": 0}}, both)]
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
     # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64,
@@ -195,6 +191,11 @@ def test_the_candidates_sweep_changes_one_default_a_run():
         assert rule["seq"]["min_waves"] == 1 and rule["dqkw"]["dk_part_16bit"]
         assert (rule["state_bwd"]["few_program_stages"], rule["state_bwd"]["few_program_waves"]) == (3, 1)
     assert gated["state_bwd"]["factors_on_v"] and gated["state_bwd"]["max_K"] == 64
+    # GDN's chunk-parallel kernels heads first from 256 chunks on; MesaNet's adjoint CG at 64
+    # rows a program up to K = 64
+    assert (gated["heads_first"], gated["heads_first_from_chunks"], delta["heads_first_from_chunks"]) == (False, 256, 0)
+    bwd_solve = as_dict(DEFAULTS["mesa"])["bwd_solve"]
+    assert (bwd_solve["rows"], bwd_solve["narrow_rows"], bwd_solve["narrow_max_K"]) == (32, 64, 64)
     lin = as_dict(DEFAULTS["linearized_softmax_gdn"])
     assert (lin["mean_form"], lin["mean_in_acc"]) == ("auto", "one_wave")
     prep = as_dict(DEFAULTS["linearized_softmax_gdn"])["prep"]

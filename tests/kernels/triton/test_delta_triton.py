@@ -340,8 +340,10 @@ def test_heads_first_grid_equals_chunks_first(launch, monkeypatch, gated):
     """DeltaLaunch.heads_first: the kernels parallel over chunks launched with the sequences of
     heads on the faster grid axis give the output, the final state and every gradient bit for
     bit as with the chunks first (the same programs in another order), over several chunks and
-    sequences of heads; each of those kernels is launched with the order asked for (the
-    forward's output and dU_local in kernels of their own here, so that all five run)."""
+    sequences of heads; each of those kernels is launched with the order asked for, always
+    (heads_first) or from heads_first_from_chunks chunks a sequence on (here 3 chunks: on at
+    3, off at 4; the forward's output and dU_local in kernels of their own here, so that all
+    five run)."""
     import importlib
 
     from tests.launch_util import LaunchSpy
@@ -356,18 +358,27 @@ def test_heads_first_grid_equals_chunks_first(launch, monkeypatch, gated):
                                                             lambda kw, name=name: seen.append((name, kw["HEADS_FIRST"]))))
     op = gated_delta_rule if gated else delta_rule
     tensors, h0 = make_inputs(2, 150, 3, 32, 16, torch.float32, seed=150, gated=gated)
-    runs = []
-    for heads_first in (False, True):
-        launch(**each(DELTA_OPS, {"heads_first": heads_first, "fused_fwd": {"enabled": False},
-                                  "state_bwd": {"local_du": False}}))
+    # the launch fixture's overrides stack, so every order names both settings
+    orders = {False: {"heads_first": False, "heads_first_from_chunks": 0},
+              True: {"heads_first": True, "heads_first_from_chunks": 0},
+              "from 3": {"heads_first": False, "heads_first_from_chunks": 3},
+              "from 4": {"heads_first": False, "heads_first_from_chunks": 4}}
+    runs = {}
+    for label, order in orders.items():
+        seen.clear()
+        launch(**each(DELTA_OPS, {**order, "fused_fwd": {"enabled": False}, "state_bwd": {"local_du": False}}))
         leaves = {n: t.clone().requires_grad_(True) for n, t in tensors.items()}
         state = h0.clone().requires_grad_(True)
         o, ht = op(**leaves, initial_state=state, output_final_state=True, backend="triton")
         grads = torch.autograd.grad((o, ht), [*leaves.values(), state], (torch.ones_like(o), torch.ones_like(ht)))
-        runs.append((o, ht, *grads))
-    for ours, chunks_first in zip(runs[1], runs[0]):
-        assert torch.equal(ours, chunks_first)
-    assert sorted(set(seen)) == sorted((name, order) for name in HEADS_FIRST_KERNELS for order in (False, True))
+        runs[label] = (o, ht, *grads)
+        expected = label is True or label == "from 3"
+        assert sorted(set(seen)) == sorted((name, expected) for name in HEADS_FIRST_KERNELS), (label, seen)
+    for label in (True, "from 3", "from 4"):
+        for ours, chunks_first in zip(runs[label], runs[False]):
+            assert torch.equal(ours, chunks_first), label
+    with pytest.raises(ValueError, match="heads_first_from_chunks must be a count of chunks >= 0"):
+        launch(**each(DELTA_OPS, {"heads_first_from_chunks": -1}))
 
 
 def test_chunk_grid_orders_the_axes_and_refuses_too_many():

@@ -120,6 +120,41 @@ def test_mesa_solves_take_narrow_warps_at_small_head_dims(monkeypatch):
         launch.SolveLaunch(narrow_num_warps=3)
 
 
+def test_mesa_backward_solve_takes_narrow_rows_at_small_head_dims(monkeypatch):
+    """MesaNet's adjoint CG runs narrow_rows (64) rows a program where the K-block is at most
+    narrow_max_K (64) wide and rows (32) above it; the forward solve takes its 64 rows at
+    every head dim; narrow_rows 0 leaves rows everywhere, and a row count that is no power of
+    two of at least 16 is an error naming the setting."""
+    from kernels import mesa
+    from kernels.mesa import triton_solve
+
+    seen = []
+    for name in ("mesa_fwd_solve_kernel", "mesa_bwd_solve_kernel"):
+        monkeypatch.setattr(triton_solve, name, LaunchSpy(getattr(triton_solve, name),
+                                                           lambda kw, name=name: seen.append((name[5:8], kw["BK"], kw["BR"]))))
+
+    def run(K):
+        gen = torch.Generator().manual_seed(2)
+        q, k, v = (torch.nn.functional.normalize(torch.randn(1, 20, 1, K, generator=gen), dim=-1) for _ in range(3))
+        g = -torch.rand(1, 20, 1, generator=gen)
+        beta = torch.rand(1, 20, 1, generator=gen)
+        leaves = [t.requires_grad_(True) for t in (q, k, v, g, beta, torch.ones(1, K))]
+        mesa(*leaves, cg_steps=2, backend="triton")[0].sum().backward()
+
+    for K, bwd_rows in ((16, 64), (64, 64), (100, 32)):
+        seen.clear()
+        run(K)
+        BK = max(16, 1 << (K - 1).bit_length())
+        assert seen == [("fwd", BK, 64), ("bwd", BK, bwd_rows)], (K, seen)
+    seen.clear()
+    with launch.launch_settings(mesa={"bwd_solve": {"narrow_rows": 0}}):
+        run(64)
+    assert seen == [("fwd", 64, 64), ("bwd", 64, 32)]
+    for bad in ({"rows": 48}, {"rows": 8}, {"narrow_rows": 24}):
+        with pytest.raises(ValueError, match=f"SolveLaunch.{next(iter(bad))} must be a power of two of at least 16"):
+            launch.SolveLaunch(**bad)
+
+
 def test_mesa_gradients_take_their_key_column_block(monkeypatch):
     """MesaNet's gradient kernel forms dk over GradsLaunch.BC key columns, capped at the whole
     K-block (K = 40: a 64 block, 32 columns by default, 16 or the whole block when asked); a

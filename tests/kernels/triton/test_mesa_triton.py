@@ -144,7 +144,8 @@ def test_cg_operands(launch, rows, operands):
     """Each CG operand form (SolveLaunch.operands) at both block heights, fp16 inputs,
     against the exact fp64 solve."""
     # the backward at the other height
-    launch(mesa={"fwd_solve": {"operands": operands, "rows": rows}, "bwd_solve": {"operands": operands, "rows": 96 - rows}})
+    launch(mesa={"fwd_solve": {"operands": operands, "rows": rows, "narrow_rows": rows},
+                 "bwd_solve": {"operands": operands, "rows": 96 - rows, "narrow_rows": 96 - rows}})
     check(make_inputs(1, 80, 1, 16, 16, seed=6), torch.float16, TOL[torch.float16], cg_steps=32)
 
 
