@@ -144,5 +144,5 @@ for sweep in ${SWEEPS:-configs/kernels-gpu.yaml}; do
 done
 [ "${TESTS_S:-0}" -gt 0 ] && [ "${TESTS_LAST:-0}" != 0 ] && gpu_tests
 pack
-rm -rf "$OUT/results" "$OUT/logs"
+rm -rf "$OUT/results" "$OUT/logs" "$GPU_ERRORS_JSON.lock"
 ls -la "$OUT"

@@ -10,10 +10,11 @@ import os
 
 
 def save_text(text: str, path: str | os.PathLike) -> None:
-    """Write `text` to `path` through a temporary file renamed into place."""
+    """Write `text` to `path` through a temporary file renamed into place (one of this process's
+    own, so that processes writing the same path never write into one temporary file)."""
     target = os.fspath(path)
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    tmp = f"{target}.tmp"
+    tmp = f"{target}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, target)

@@ -201,16 +201,21 @@ GPU_ONLY = [
 
 def record_gpu_errors(case: str, errors: dict[str, float]) -> None:
     """Print a GPU test case's errors and, when GPU_ERRORS_JSON names a file, merge them into
-    it under `case` (the device scripts collect the figures of a run this way)."""
+    it under `case` (the device scripts collect the figures of a run this way). pytest-xdist
+    workers merge into one file, each under an exclusive lock on `<file>.lock`, so that no
+    worker reads the file between another's read and write."""
+    import fcntl
     import json
 
     print(case, {n: f"{e:.2e}" for n, e in errors.items()})
     path = os.environ.get("GPU_ERRORS_JSON")
     if not path:
         return
-    old = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            old = json.load(f)
-    old[case] = errors
-    save_text(json.dumps(old, indent=1), path)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+        old[case] = errors
+        save_text(json.dumps(old, indent=1), path)
