@@ -363,9 +363,20 @@ class DqkwLaunch(TileLaunch):
     dk_part_16bit: for 16-bit inputs, dk's share from the output and the state (which wy_bwd
     completes with the WY part) is stored in the input dtype instead of fp32, halving what
     the kernel writes and wy_bwd reads of it ([B, T, H, K]); dk then carries one rounding
-    more of that share (dg, which dqkw hands over apart in fp32, does not)."""
+    more of that share (dg, which dqkw hands over apart in fp32, does not). narrow_BV (0: BV)
+    is the V-block's cap at head dims up to narrow_max_K (block_v_for)."""
 
     dk_part_16bit: bool = False
+    narrow_BV: int = 0
+    narrow_max_K: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_pow2(self, "narrow_BV", (0, *TILE_WIDTHS))
+
+    def block_v_for(self, K: int) -> int:
+        """The V-block cap of a launch at head dim K."""
+        return self.narrow_BV if self.narrow_BV and K <= self.narrow_max_K else self.BV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,7 +429,7 @@ class DeltaLaunch:
     # heads_first_from_chunks: where a sequence has at least that many chunks, 0: never), so
     # that programs running together read neighbouring heads' columns of the same rows
     # ([B, T, H, D] keeps a row's heads side by side) instead of one head's columns over many
-    # rows (DEFAULTS: GDN from 256 chunks on)
+    # rows (DEFAULTS: both rules from 256 chunks on)
     heads_first: bool = False
     heads_first_from_chunks: int = 0
 
@@ -720,6 +731,12 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
         # forward at 8k, K = 64 1.38 -> 1.25 (one H100, records 20261207T041508-T041948)
         dqkw=DqkwLaunch(BK=64, BV=128, num_warps=4, num_stages=2, dk_part_16bit=True),
         seq=NarrowingLaunch(min_BV=32, min_waves=1),
+        # the chunk-parallel kernels heads first from 256 chunks a sequence on, as GDN's: at
+        # 32k, K = 128 forward 1.20 -> 1.16 ms, forward+backward 5.08 -> 4.93; at K = 64 the
+        # forward 1.37 -> 1.40 and the backward's kernels 4.80 -> 4.55 ms summed (its wall median,
+        # 6.93 ms between p20 4.56 and p80 9.42, was disturbed); 2k and 8k run chunks first
+        # either way (one H100, Triton 3.7.1, records 20261207T144238, T144310)
+        heads_first_from_chunks=256,
     ),
     # GDN forms dU_local in its backward state pass at K <= 64 only (DeltaLaunch.state_bwd says
     # why; at K = 128 as well, forward+backward 5.89 / 5.94 / 6.61 -> 5.78 / 5.81 / 6.99 ms at T =
@@ -738,7 +755,9 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
         # 512 chunks): forward+backward K = 128 5.48 / 5.56 / 5.79 -> 5.57 / 5.50 / 5.42 ms, K =
         # 64 4.89 / 5.04 / 6.16 -> 5.09 / 5.06 / 5.66; forward K = 128 1.22 / 1.23 / 1.39 ->
         # 1.24 / 1.23 / 1.33, K = 64 1.31 / 1.31 / 1.61 -> 1.40 / 1.39 / 1.55 (one H100, Triton
-        # 3.7.1, records 20261207T143008, T143103); lin_gdn runs these kernels under these settings
+        # 3.7.1, records 20261207T143008, T143103); lin_gdn, which runs these kernels under these
+        # settings, without it at 32k: forward+backward 7.06 -> 7.26 ms at K = 128, 7.08 -> 7.43 at
+        # K = 64, the forward within 0.5 % (records 20261207T144331, T144449)
         heads_first_from_chunks=256,
     ),
     "mesa": MesaLaunch(),

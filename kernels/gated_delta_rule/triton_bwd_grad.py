@@ -162,7 +162,7 @@ def dqkw(
     dqkw_kernel[chunk_grid((NK,), NT, B * H, heads_first, "dqkw")](
         q, k, u, h, dh, do, du, gam if gam is not None else q, dq, dk, dw,
         dgam if dgam is not None else q, scale, T, NT, B * T * H,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg.BV), USE_G=gam is not None,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg.block_v_for(K)), USE_G=gam is not None,
         NEED_DG=need_dg, PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first,
         num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
     )

@@ -49,6 +49,8 @@ CASES = {
     "gdn_fp32_T300_K100_V60": ("gdn", 2, 300, 3, 100, 60, torch.float32, "near0"),
     "delta_fp16_T75_K64_V256": ("delta", 1, 75, 2, 64, 256, torch.float16, None),
     "gdn_bf16_T1000_K256_V32": ("gdn", 1, 1000, 2, 256, 32, torch.bfloat16, "near0"),
+    # head dim 64, where GDN's launch rules differ (narrowing, dU_local in the state pass)
+    "gdn_bf16_T2100_K64_strong": ("gdn", 2, 2100, 2, 64, 64, torch.bfloat16, "strong"),
 }
 QUANTITIES = ("o", "final_state", "dq", "dk", "dv", "dbeta", "dg", "dinitial_state")
 
@@ -203,6 +205,17 @@ def test_dk_part_in_16_bits(case):
     errors = variant_errors(case, {"dqkw": {"dk_part_16bit": True}})
     bad = over_bounds_against(case, errors, variant_errors(case, {"dqkw": {"dk_part_16bit": False}}))
     assert not bad, f"{case} dk_part in 16 bits: (error, fp32 share's error) over the bounds: {bad} (all: {errors})"
+
+
+@pytest.mark.parametrize("case", ["delta_fp16_T75_K64_V256", "gdn_bf16_T2100_K64_strong"])
+def test_dqkw_narrow_value_blocks(case):
+    """The dq/dk/dW kernel over 32-column V-blocks at head dims up to 64 (DqkwLaunch.narrow_BV
+    32, a candidate; 4 warps at 32-column blocks have miscompiled other delta-rule kernels on
+    the H200, NarrowVLaunch) against the default, each against fp64 (over_bounds_against; the
+    two differ in the order of the sums over V only)."""
+    errors = variant_errors(case, {"dqkw": {"narrow_BV": 32}})
+    bad = over_bounds_against(case, errors, errors_of(case))
+    assert not bad, f"{case} dqkw narrow_BV 32: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])

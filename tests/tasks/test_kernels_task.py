@@ -176,10 +176,8 @@ def test_the_candidates_sweep_changes_one_default_a_run():
 
     plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-candidates.yaml"), "cuda")
     changed = [(p.mixer, p.config["launch"], p.config["phases"]) for p in plan.points]
-    both = ["fwd", "fwdbwd"]
     # the untimed candidates, each after the defaults it is read against (no change)
-    assert changed == [("deltanet", {}, both), ("deltanet", {"delta_rule": {"heads_first_from_chunks": 256}}, both),
-                       ("lin_gdn", {}, both), ("lin_gdn", {"gated_delta_rule": {"heads_first_from_chunks": 0}}, both)]
+    assert changed == [("gdn", {}, ["fwdbwd"]), ("gdn", {"gated_delta_rule": {"dqkw": {"narrow_BV": 32}}}, ["fwdbwd"])]
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
     # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64,
@@ -191,9 +189,10 @@ def test_the_candidates_sweep_changes_one_default_a_run():
         assert rule["seq"]["min_waves"] == 1 and rule["dqkw"]["dk_part_16bit"]
         assert (rule["state_bwd"]["few_program_stages"], rule["state_bwd"]["few_program_waves"]) == (3, 1)
     assert gated["state_bwd"]["factors_on_v"] and gated["state_bwd"]["max_K"] == 64
-    # GDN's chunk-parallel kernels heads first from 256 chunks on; MesaNet's adjoint CG at 64
-    # rows a program up to K = 64
-    assert (gated["heads_first"], gated["heads_first_from_chunks"], delta["heads_first_from_chunks"]) == (False, 256, 0)
+    # both delta rules' chunk-parallel kernels heads first from 256 chunks on; MesaNet's adjoint
+    # CG at 64 rows a program up to K = 64
+    for rule in (delta, gated):
+        assert (rule["heads_first"], rule["heads_first_from_chunks"]) == (False, 256)
     bwd_solve = as_dict(DEFAULTS["mesa"])["bwd_solve"]
     assert (bwd_solve["rows"], bwd_solve["narrow_rows"], bwd_solve["narrow_max_K"]) == (32, 64, 64)
     lin = as_dict(DEFAULTS["linearized_softmax_gdn"])

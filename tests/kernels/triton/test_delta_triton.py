@@ -251,6 +251,26 @@ def test_dk_part_in_16_bits_matches_reference(compare, launch, monkeypatch, gate
     assert seen and set(seen) == {dtype if sixteen else torch.float32}
 
 
+@pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
+@pytest.mark.parametrize("K, dtype", [(32, torch.float16), (64, torch.float32), (100, torch.float32)])
+def test_dqkw_narrow_value_blocks_match_reference(compare, launch, monkeypatch, gated, K, dtype):
+    """dqkw with its V-block capped at 16 columns up to head dim 64 (DqkwLaunch.narrow_BV;
+    V = 64 then takes four blocks) and at BV above it: every gradient against the reference,
+    a partial last chunk; the kernel is launched with the block asked for."""
+    from kernels.gated_delta_rule import triton_bwd_grad
+    from tests.launch_util import LaunchSpy
+
+    seen = []
+    monkeypatch.setattr(triton_bwd_grad, "dqkw_kernel",
+                        LaunchSpy(triton_bwd_grad.dqkw_kernel, lambda kw: seen.append(kw["BV"])))
+    launch(**each(DELTA_OPS, {"dqkw": {"BV": 64, "narrow_BV": 16}}))
+    tensors, h0 = make_inputs(1, 130, 2, K, 64, dtype, seed=110 + K, gated=gated)
+    compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
+    assert seen and set(seen) == {16 if K <= 64 else 64}
+    with pytest.raises(ValueError, match=r"DqkwLaunch.narrow_BV must be one of \[0, 16, 32"):
+        launch(**each(DELTA_OPS, {"dqkw": {"narrow_BV": 48}}))
+
+
 def test_wy_bwd_readback_equals_transposed_products(launch, monkeypatch):
     """dm_readback on and off on the same inputs, the kernel alone: dk, dv, dbeta and dg agree
     up to the rounding of the two ways of forming dM^T (fp16 tiles), and the kernel was
