@@ -27,7 +27,8 @@
 # parallel, then AB_ROUNDS rounds of before, after; lines in $OUT/ab_public_ops.jsonl, medians
 # and ratios in $OUT/ab_summary.json.
 # COLD_S (0: off): first, benchmarks/cold_compile.py (each op's training-step kernels from an
-# empty Triton cache, per head dim, COLD_JOBS processes at once) into $OUT/cold_compile_h200.json.
+# empty Triton cache, per head dim, COLD_JOBS processes at once, under the image's Triton: it
+# runs before a carried one is installed) into $OUT/cold_compile_gpu.json (the device named in it).
 # FA4: with .fa4b carried (benchmarks/fa4_carry.sh), FlashAttention-4 is installed first.
 # Triton: with .triton carried (benchmarks/triton_carry.sh), that Triton runs instead of the image's
 # (FLA's gated backward needs >= 3.7.1 on Hopper).
@@ -64,7 +65,7 @@ pack() {
 }
 
 if [ "${COLD_S:-0}" -gt 0 ]; then
-    timeout -k 20 -s INT "$(limit "$COLD_S")" python3 benchmarks/cold_compile.py --out "$OUT/cold_compile_h200.json" \
+    timeout -k 20 -s INT "$(limit "$COLD_S")" python3 benchmarks/cold_compile.py --out "$OUT/cold_compile_gpu.json" \
         --jobs "${COLD_JOBS:-6}" 2>&1 | tail -n 14
     pack
 fi
