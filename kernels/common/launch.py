@@ -39,6 +39,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 TILE_WIDTHS = (16, 32, 64, 128, 256)
+GRID_YZ_MAX = 65535  # CUDA's limit on a grid's second and third axes
 FP32_DOTS = ("ieee", "tf32x3")  # KernelLaunch.fp32_dots
 
 
@@ -440,8 +441,10 @@ class DeltaLaunch:
 
     def heads_first_at(self, n_chunks: int) -> bool:
         """Whether the chunk-parallel kernels of a sequence of n_chunks chunks launch the heads
-        on the grid's faster axis (chunk_grid)."""
-        return self.heads_first or 0 < self.heads_first_from_chunks <= n_chunks
+        on the grid's faster axis (chunk_grid). The rule by length leaves the chunks first
+        past GRID_YZ_MAX chunks, which the slower axis could not hold (heads_first forces
+        the order, and chunk_grid refuses such a grid)."""
+        return self.heads_first or 0 < self.heads_first_from_chunks <= n_chunks <= GRID_YZ_MAX
 
 
 SOLVE_OPERANDS = ("fp32", "fp16_scaled", "fp16_normed")

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.dispatch import triton_interpret
-from kernels.common.launch import ChunkLaunch, SequentialLaunch, settings
+from kernels.common.launch import GRID_YZ_MAX, ChunkLaunch, SequentialLaunch, settings
 from kernels.common.triton.gates import GATE_NONE
 
 VALID_CHUNK_SIZES = (16, 32, 64, 128)
@@ -32,7 +32,6 @@ class DebugFlags:
 DEBUG = DebugFlags()
 
 
-GRID_YZ_MAX = 65535  # CUDA's limit on a grid's second and third axes
 
 
 @triton.jit

@@ -401,6 +401,18 @@ def test_heads_first_grid_equals_chunks_first(launch, monkeypatch, gated):
         launch(**each(DELTA_OPS, {"heads_first_from_chunks": -1}))
 
 
+def test_heads_first_rule_by_length():
+    """heads_first_from_chunks: heads first from that many chunks a sequence on, never with 0,
+    and chunks first again past the 65,535 chunks a grid's slower axis holds; heads_first
+    forces the order at any length."""
+    from kernels.common.launch import DeltaLaunch
+
+    rule = DeltaLaunch(heads_first_from_chunks=256)
+    assert [rule.heads_first_at(n) for n in (1, 255, 256, 512, 65_535, 65_536)] == [False, False, True, True, True, False]
+    assert not DeltaLaunch().heads_first_at(512)
+    assert DeltaLaunch(heads_first=True).heads_first_at(1)
+
+
 def test_chunk_grid_orders_the_axes_and_refuses_too_many():
     """chunk_grid: the lead axes, then chunks and sequences of heads in the order asked for;
     an axis past the first over CUDA's 65,535 programs is an error naming what overflowed."""
