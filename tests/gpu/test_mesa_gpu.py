@@ -61,9 +61,9 @@ CASES = {
         1, 8192, 2, 128, 128, torch.bfloat16, "near0", {"cg_steps": 30, "tuning": {"cg_operands": "fp32"}}),
 }
 # cases compared with a CASES entry rather than held to the bounds: the K = 64 case with its
-# CG programs at the wide programs' 8 warps or at 32 rows a program, and the strong-gate cases with the gradient
-# kernel at 8 warps over the whole K ("grads": GradsLaunch fields; the default is 4 warps over
-# 32-column key blocks)
+# CG programs at the wide programs' 8 warps or at 32 rows a program, and the strong-gate cases
+# with the gradient kernel at 8 warps over the whole K ("grads": GradsLaunch fields; the
+# default is 4 warps over 32-column key blocks)
 GRADS_8W_WHOLE_K = {"num_warps": 8, "BC": 256}
 PAIRED = {
     "bf16_T2100_K64_strong_8warps": (
