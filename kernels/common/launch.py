@@ -478,11 +478,8 @@ class SolveLaunch:
     def __post_init__(self) -> None:
         _check_pow2(self, "num_warps", (1, 2, 4, 8, 16, 32))
         _check_pow2(self, "narrow_num_warps", (1, 2, 4, 8, 16, 32))
-        for name in ("rows", "narrow_rows"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0 or value & (value - 1) or (name == "rows" and value < 16):
-                raise ValueError(f"SolveLaunch.{name} must be a power of two of at least 16"
-                                 f"{' or 0 (rows)' if name == 'narrow_rows' else ''}, got {value!r}")
+        _check_pow2(self, "rows")
+        _check_pow2(self, "narrow_rows", (0, *TILE_WIDTHS))
         if self.operands not in SOLVE_OPERANDS:
             raise ValueError(f"SolveLaunch.operands must be one of {SOLVE_OPERANDS}, got {self.operands!r}")
 
