@@ -136,13 +136,15 @@ def assert_within(errors: dict, dtype: torch.dtype, label: str) -> None:
 @pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_fp16_T75_K64_V256"])
 def test_fused_state_output(case):
     """The forward with the output fused into the state pass (DeltaLaunch.fused_fwd, on from
-    256 sequences of heads), forced on: every output and gradient against fp64."""
-    from kernels.common.launch import launch_settings
-
-    fused = {"fused_fwd": {"enabled": True, "min_heads": 1}}
-    with launch_settings(delta_rule=fused, gated_delta_rule=fused):
-        errors = errors_of.__wrapped__(case)  # not the cached two-kernel figures
-    assert_within(errors, CASES[case][6], f"{case} fused")
+    256 sequences of heads), forced on, against the state pass then the output kernel, forced
+    off, each against fp64 (over_bounds_against: the two round the same products; a bf16 worst
+    row can sit over ROW_TOL by rounding alone, which test_matches_fp64_chunked judges on the
+    default path: GDN's output at 4,100 tokens under strong gates, 0.0325 on one H100 against a
+    rounding floor of 0.0207, 2026-12-07)."""
+    fused, split = ({"fused_fwd": {"enabled": on, "min_heads": 1}} for on in (True, False))
+    errors = variant_errors(case, fused)
+    bad = over_bounds_against(case, errors, variant_errors(case, split))
+    assert not bad, f"{case} fused: (error, two-kernel error) over the bounds: {bad} (all: {errors})"
 
 
 def over_bounds_against(case: str, errors: dict, baseline: dict) -> dict:
