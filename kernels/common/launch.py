@@ -748,7 +748,12 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "gated_delta_rule": DeltaLaunch(
         state_bwd=dataclasses.replace(DeltaLaunch.state_bwd, max_K=64, few_program_stages=3, few_program_waves=1,
                                       factors_on_v=True),
-        dqkw=dataclasses.replace(DeltaLaunch.dqkw, dk_part_16bit=True),
+        # dqkw over 32-column V-blocks at head dims up to 64 (narrow_BV): forward+backward at K =
+        # 64, T = 2k / 8k / 32k 4.86 / 5.03 / 5.66 -> 4.77 / 4.94 / 5.55 ms (dqkw 1,439 / 1,431 /
+        # 1,424 -> 1,332 / 1,354 / 1,309 us); at K = 128 it keeps 64 columns, where 32 lost
+        # (1,493 -> 1,883 us at 2k) (one H100, Triton 3.7.1, records 20261207T155252, T155349;
+        # GPU-tested 2026-12-07)
+        dqkw=dataclasses.replace(DeltaLaunch.dqkw, dk_part_16bit=True, narrow_BV=32),
         seq=NarrowingLaunch(min_BV=32, min_waves=1),
         # the chunk-parallel kernels heads first from 256 chunks a sequence on (T >= 16k at
         # chunk 64); heads first everywhere against chunks first, T = 2k / 8k / 32k (32 / 128 /
