@@ -365,11 +365,15 @@ class DqkwLaunch(TileLaunch):
     completes with the WY part) is stored in the input dtype instead of fp32, halving what
     the kernel writes and wy_bwd reads of it ([B, T, H, K]); dk then carries one rounding
     more of that share (dg, which dqkw hands over apart in fp32, does not). narrow_BV (0: BV)
-    is the V-block's cap at head dims up to narrow_max_K (block_v_for)."""
+    is the V-block's cap at head dims up to narrow_max_K (block_v_for). k_loop: where K spans
+    several K-blocks, one program a chunk walks them (dqkw_k_loop_kernel) instead of one
+    program a K-block, so that each chunk's dP = dO U^T and its transpose are formed once
+    rather than once per K-block."""
 
     dk_part_16bit: bool = False
     narrow_BV: int = 0
     narrow_max_K: int = 64
+    k_loop: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -23,7 +23,11 @@ transposing a product (kernels/common/triton/solve.py says why).
 
 grid (K-blocks, chunks, heads); each program loops twice over the V-blocks, once for dP and
 once for the state products (first when gated, so that the gate's row factors scale their sums
-once), so at most four [BT, BK] or [BT, BT] accumulators are live at once. Outputs: dq (final,
+once), so at most four [BT, BK] or [BT, BT] accumulators are live at once. With
+DqkwLaunch.k_loop, where K spans several K-blocks, dqkw_k_loop_kernel runs instead: grid
+(chunks, heads), each program forms dP ⊙ Gamma and its transpose once and walks the K-blocks,
+so no chunk's dP is formed (nor its dO and U tiles loaded for it) once per K-block; its d gamma
+shares are summed over the K-blocks in registers (dgam_part then has one row each). Outputs: dq (final,
 q's dtype), dk_part (fp32 or 16-bit, completed by wy_bwd), dW (input dtype), dgam_part
 [NK, B, T, H] fp32 (one partial per K-block, summed by wy_bwd), written only where the gate
 wants a gradient (NEED_DG; the linearized softmax GDN's gates come from positions).
@@ -42,11 +46,10 @@ from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
 @triton.jit
-def _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale,
-                 V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr):
-    """The intra-chunk parts of dq' and dk from dP = dO U^T and its transpose (each from
-    loaded tiles, one loop over V): (dq' part, dk part, dP ⊙ Gamma)."""
-    dt = b_k.dtype
+def _intra_dp(do, u, seq, t0, T, H, b_g,
+              V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr):
+    """dP ⊙ Gamma (lower, diagonal included) and (dP ⊙ Gamma)^T, fp32 [BT, BT], from
+    dP = dO U^T and its transpose, each from loaded tiles (one loop over V)."""
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)
     b_dpt = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
@@ -57,10 +60,43 @@ def _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale,
         b_ut = load_tile_t(u + seq * V, t0, v0, T, V, H * V, BT, BV)
         b_dp += tl.dot(b_do, b_ut, input_precision=PREC)
         b_dpt += tl.dot(b_u, b_dot, input_precision=PREC)
-    b_dpg = causal_decay(b_dp, b_g, b_g, True, USE_G)
+    return causal_decay(b_dp, b_g, b_g, True, USE_G), anticausal_decay(b_dpt, b_g, b_g, True, USE_G)
+
+
+@triton.jit
+def _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale,
+                 V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr):
+    """The intra-chunk parts of dq' and dk from dP = dO U^T and its transpose (_intra_dp):
+    (dq' part, dk part, dP ⊙ Gamma)."""
+    dt = b_k.dtype
+    b_dpg, b_dptg = _intra_dp(do, u, seq, t0, T, H, b_g, V, BT, BV, USE_G, PREC)
     b_dq = tl.dot(b_dpg.to(dt), b_k, input_precision=PREC)
-    b_dk = tl.dot(anticausal_decay(b_dpt, b_g, b_g, True, USE_G).to(dt), b_q, input_precision=PREC) * scale
+    b_dk = tl.dot(b_dptg.to(dt), b_q, input_precision=PREC) * scale
     return b_dq, b_dk, b_dpg
+
+
+@triton.jit
+def _state_products(do, u, du, p_h, p_dh, seq, t0, k0, T, H, b_dq, b_dk,
+                    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    NEED_DG: tl.constexpr, PREC: tl.constexpr):
+    """The state products of one K-block, summed over V onto b_dq and b_dk: dO S^T, U dS'^T,
+    and dU S^T (dW's negative), with <S, dS'>'s column sums where the gate wants a gradient:
+    (b_dq, b_dk, dU S^T, column sums [BK])."""
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        v0 = i_v * BV
+        b_do = load_tile(do + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_du = load_tile(du + seq * V, t0, v0, T, V, H * V, BT, BV)
+        b_ht = load_tile_t(p_h, k0, v0, K, V, V, BK, BV)
+        b_dht = load_tile_t(p_dh, k0, v0, K, V, V, BK, BV)
+        b_dq += tl.dot(b_do, b_ht, input_precision=PREC)
+        b_dk += tl.dot(b_u, b_dht, input_precision=PREC)
+        b_dw += tl.dot(b_du, b_ht, input_precision=PREC)
+        if NEED_DG:
+            b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+    return b_dq, b_dk, b_dw, b_hdh
 
 
 @triton.jit(do_not_specialize=["T", "NT", "BTH"])
@@ -91,20 +127,8 @@ def dqkw_kernel(
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     else:
         b_dq, b_dk, b_dpg = _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale, V, BT, BV, USE_G, PREC)
-    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        v0 = i_v * BV
-        b_do = load_tile(do + seq * V, t0, v0, T, V, H * V, BT, BV)
-        b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
-        b_du = load_tile(du + seq * V, t0, v0, T, V, H * V, BT, BV)
-        b_ht = load_tile_t(p_h, k0, v0, K, V, V, BK, BV)
-        b_dht = load_tile_t(p_dh, k0, v0, K, V, V, BK, BV)
-        b_dq += tl.dot(b_do, b_ht, input_precision=PREC)
-        b_dk += tl.dot(b_u, b_dht, input_precision=PREC)
-        b_dw += tl.dot(b_du, b_ht, input_precision=PREC)
-        if NEED_DG:
-            b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+    b_dq, b_dk, b_dw, b_hdh = _state_products(do, u, du, p_h, p_dh, seq, t0, k0, T, H, b_dq, b_dk,
+                                              K, V, BT, BK, BV, NEED_DG, PREC)
     store_tile(dw + seq * K, -b_dw, t0, k0, T, K, H * K, BT, BK)
     if USE_G:
         b_dq *= tl.exp2(b_g)[:, None]
@@ -133,6 +157,69 @@ def dqkw_kernel(
     store_tile(dk + seq * K, b_dk, t0, k0, T, K, H * K, BT, BK)
 
 
+@triton.jit(do_not_specialize=["T", "NT", "BTH"])
+def dqkw_k_loop_kernel(
+    q, k, u, h, dh, do, du, gam, dq, dk, dw, dgam, scale, T, NT, BTH, H,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr, HEADS_FIRST: tl.constexpr,
+):
+    """dqkw_kernel's outputs with one program a chunk walking the K-blocks (DqkwLaunch.k_loop):
+    dP ⊙ Gamma and its transpose are formed once, before the loop, and dgam holds one row of
+    d gamma and one of the earlier rows' share, each summed over the K-blocks (the pair terms
+    over the whole K at once)."""
+    i_t, i_bh = chunk_and_head(0, HEADS_FIRST)
+    i_b, i_h = i_bh // H, i_bh % H
+    seq = (i_b * T * H + i_h).to(tl.int64)
+    t0 = i_t * BT
+    dt = q.dtype.element_ty
+    p_h = h + (i_bh * NT + i_t).to(tl.int64) * K * V
+    p_dh = dh + (i_bh * NT + i_t).to(tl.int64) * K * V
+    b_g = tl.zeros([BT], dtype=tl.float32)
+    b_glast = 0.0
+    if USE_G:
+        last = tl.minimum(t0 + BT, T) - 1
+        b_glast = tl.load(gam + seq + last * H)
+        b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
+    b_dpg, b_dptg = _intra_dp(do, u, seq, t0, T, H, b_g, V, BT, BV, USE_G, PREC)
+    b_dptg = b_dptg.to(dt)
+    b_dgam = tl.zeros([BT], dtype=tl.float32)
+    if NEED_DG:
+        # the gate's pair terms take dP ⊙ Gamma in fp32 against Q'K^T over the whole K, formed
+        # here so that only its 16-bit copy stays live through the K-blocks below
+        b_qk = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_k in range(tl.cdiv(K, BK)):
+            b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+            b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+            b_qk += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+        b_dgam = pair_gate_grad(b_dpg * b_qk * scale)
+    b_dpg = b_dpg.to(dt)
+    b_kdks = tl.zeros([BT], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        k0 = i_k * BK
+        b_q = load_tile(q + seq * K, t0, k0, T, K, H * K, BT, BK)
+        b_k = load_tile(k + seq * K, t0, k0, T, K, H * K, BT, BK)
+        b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dq, b_dk, b_dw, b_hdh_k = _state_products(do, u, du, p_h, p_dh, seq, t0, k0, T, H, b_dq, b_dk,
+                                                    K, V, BT, BK, BV, NEED_DG, PREC)
+        store_tile(dw + seq * K, -b_dw, t0, k0, T, K, H * K, BT, BK)
+        if USE_G:
+            b_dq *= tl.exp2(b_g)[:, None]
+            b_dk *= tl.exp2(b_glast - b_g)[:, None]
+            if NEED_DG:  # this K-block's state shares of d gamma (dqkw_kernel says which)
+                b_dgam += tl.sum(b_q.to(tl.float32) * b_dq, axis=1) * scale
+                b_kdks += tl.sum(b_k.to(tl.float32) * b_dk, axis=1)
+                b_hdh += b_hdh_k
+        b_dq += tl.dot(b_dpg, b_k, input_precision=PREC)
+        b_dk += tl.dot(b_dptg, b_q, input_precision=PREC) * scale
+        store_tile(dq + seq * K, b_dq * scale, t0, k0, T, K, H * K, BT, BK)
+        store_tile(dk + seq * K, b_dk, t0, k0, T, K, H * K, BT, BK)
+    if NEED_DG:
+        store_vec(dgam + seq, b_dgam, t0, T, H, BT)
+        store_vec(dgam + BTH + seq, tl.exp2(b_glast) * tl.sum(b_hdh, axis=0) + sum_before(b_kdks), t0, T, H, BT)
+
+
 def dqkw(
     q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, h: torch.Tensor, dh: torch.Tensor,
     do: torch.Tensor, du: torch.Tensor, gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK,
@@ -140,9 +227,9 @@ def dqkw(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """q, k: [B, T, H, K]; u, do, du: [B, T, H, V]; h, dh: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None.
     Returns (dq [B, T, H, K] q.dtype, dk_part fp32 (k.dtype for 16-bit inputs under
-    DqkwLaunch.dk_part_16bit), dW k.dtype, dgam_part [2 NK, B, T, H] fp32, or None without a
-    gate or with need_dg False: per K-block the d gamma of each token, then the share of dg
-    that earlier rows of the chunk give)."""
+    DqkwLaunch.dk_part_16bit), dW k.dtype, dgam_part [2 NK, B, T, H] fp32 ([2, B, T, H] under
+    DqkwLaunch.k_loop), or None without a gate or with need_dg False: per K-block the d gamma
+    of each token, then the share of dg that earlier rows of the chunk give)."""
     B, T, H, K = q.shape
     V = u.shape[-1]
     BT = chunk_size
@@ -152,14 +239,17 @@ def dqkw(
     cfg = launch.dqkw
     BK = block_size(K, cfg.BK)
     NK = triton.cdiv(K, BK)
+    k_loop = cfg.k_loop and NK > 1
     dq = new_buffer((B, T, H, K), q.dtype, dev)
     dk = new_buffer((B, T, H, K), k.dtype if cfg.dk_part_16bit and k.element_size() == 2 else torch.float32, dev)
     dw = new_buffer((B, T, H, K), k.dtype, dev)
-    # rows [0, NK): each K-block's d gamma per token; [NK, 2 NK): its share of dg from earlier rows
+    # rows [0, NK): each K-block's d gamma per token; [NK, 2 NK): its share of dg from earlier
+    # rows; the k-loop kernel sums the K-blocks' shares itself (one row each)
     need_dg = need_dg and gam is not None
-    dgam = new_buffer((2 * NK, B, T, H), torch.float32, dev) if need_dg else None
+    dgam = new_buffer((2 if k_loop else 2 * NK, B, T, H), torch.float32, dev) if need_dg else None
     heads_first = launch.heads_first_at(NT)
-    dqkw_kernel[chunk_grid((NK,), NT, B * H, heads_first, "dqkw")](
+    kernel, lead = (dqkw_k_loop_kernel, ()) if k_loop else (dqkw_kernel, (NK,))
+    kernel[chunk_grid(lead, NT, B * H, heads_first, "dqkw")](
         q, k, u, h, dh, do, du, gam if gam is not None else q, dq, dk, dw,
         dgam if dgam is not None else q, scale, T, NT, B * T * H,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=block_size(V, cfg.block_v_for(K)), USE_G=gam is not None,

@@ -220,6 +220,18 @@ def test_dqkw_narrow_value_blocks(case):
     assert not bad, f"{case} dqkw narrow_BV 32: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 
+@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_bf16_T32768", "gdn_bf16_T1000_K256_V32",
+                                  "gdn_fp32_T300_K100_V60"])
+def test_dqkw_k_loop(case):
+    """The dq/dk/dW kernel with one program a chunk walking the K-blocks (DqkwLaunch.k_loop, a
+    candidate; two to four 64-key blocks here, a partial one at K = 100) at 64-column V-blocks
+    against the default, each against fp64 (over_bounds_against; the two differ in where dg's
+    per-block shares are summed and in dP's rounding to 16 bits once rather than per block)."""
+    errors = variant_errors(case, {"dqkw": {"k_loop": True, "BV": 64}})
+    bad = over_bounds_against(case, errors, errors_of(case))
+    assert not bad, f"{case} dqkw k_loop: (error, default's error) over the bounds: {bad} (all: {errors})"
+
+
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
 def test_wy_bwd_without_readback(case):
     """The WY backward forming dM^T again from transposed products (WyBwdLaunch.dm_readback

@@ -252,6 +252,42 @@ def test_dk_part_in_16_bits_matches_reference(compare, launch, monkeypatch, gate
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
+@pytest.mark.parametrize("K, BK, dtype", [(128, 64, torch.float32), (100, 32, torch.float16), (48, 16, torch.float32)])
+def test_dqkw_k_loop_matches_reference(compare, launch, monkeypatch, gated, K, BK, dtype):
+    """dqkw with one program a chunk walking the K-blocks (DqkwLaunch.k_loop) where K spans
+    two to four of them, a partial last K-block (100 = 3 x 32 + 4) and a partial last chunk:
+    every gradient, dg's per-block shares summed in the kernel included, against the
+    reference, and with a gate that wants no gradient against the per-block kernel; the
+    k-loop kernel is the one launched, and dqkw_kernel where K fits one block."""
+    from kernels.gated_delta_rule import triton_bwd_grad
+    from tests.launch_util import LaunchSpy
+
+    seen = []
+    for name in ("dqkw_kernel", "dqkw_k_loop_kernel"):
+        monkeypatch.setattr(triton_bwd_grad, name,
+                            LaunchSpy(getattr(triton_bwd_grad, name), lambda kw, name=name: seen.append(name)))
+    launch(**each(DELTA_OPS, {"dqkw": {"BK": BK, "k_loop": True}}))
+    tensors, h0 = make_inputs(1, 130, 2, K, 32, dtype, seed=130 + K, gated=gated)
+    compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
+    assert seen and set(seen) == {"dqkw_k_loop_kernel"}
+    if gated:  # a gate that wants no gradient (lin_gdn's, from positions): no d gamma shares
+        grads = {}
+        for k_loop in (True, False):
+            launch(**each(DELTA_OPS, {"dqkw": {"BK": BK, "k_loop": k_loop}}))
+            leaves = {n: t.detach().clone().requires_grad_(n != "g") for n, t in tensors.items()}
+            o, _ = gated_delta_rule(**leaves, initial_state=h0, backend="triton")
+            o.float().square().sum().backward()
+            grads[k_loop] = {n: t.grad for n, t in leaves.items() if n != "g"}
+        for name, grad in grads[True].items():
+            assert rel_err(grad.float(), grads[False][name].float()) < TOL[dtype], name
+    seen.clear()
+    launch(**each(DELTA_OPS, {"dqkw": {"BK": 64, "k_loop": True}}))
+    tensors, h0 = make_inputs(1, 70, 2, 64, 32, dtype, seed=131, gated=gated)
+    compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
+    assert seen and set(seen) == {"dqkw_kernel"}
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
 @pytest.mark.parametrize("K, dtype", [(32, torch.float16), (64, torch.float32), (100, torch.float32)])
 def test_dqkw_narrow_value_blocks_match_reference(compare, launch, monkeypatch, gated, K, dtype):
     """dqkw with its V-block capped at 16 columns up to head dim 64 (DqkwLaunch.narrow_BV;
