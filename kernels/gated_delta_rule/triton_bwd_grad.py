@@ -46,6 +46,18 @@ from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 
 @triton.jit
+def _chunk_gates(gam, seq, t0, T, H, BT: tl.constexpr, USE_G: tl.constexpr):
+    """A chunk's cumulative log2-gates [BT] and its last row's (0 without a gate)."""
+    b_g = tl.zeros([BT], dtype=tl.float32)
+    b_glast = tl.zeros([], dtype=tl.float32)
+    if USE_G:
+        last = tl.minimum(t0 + BT, T) - 1
+        b_glast = tl.load(gam + seq + last * H)
+        b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
+    return b_g, b_glast
+
+
+@triton.jit
 def _intra_dp(do, u, seq, t0, T, H, b_g,
               V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr):
     """dP ⊙ Gamma (lower, diagonal included) and (dP ⊙ Gamma)^T, fp32 [BT, BT], from
@@ -99,6 +111,22 @@ def _state_products(do, u, du, p_h, p_dh, seq, t0, k0, T, H, b_dq, b_dk,
     return b_dq, b_dk, b_dw, b_hdh
 
 
+@triton.jit
+def _state_block(do, u, du, dw, p_h, p_dh, seq, t0, k0, T, H, b_dq, b_dk, b_g, b_glast,
+                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr):
+    """One K-block's state products (_state_products) onto b_dq and b_dk, dW stored, and, when
+    gated, the gate's row factors on the sums (b_dq and b_dk then start from zero, the
+    intra-chunk parts joining after): (b_dq, b_dk, <S, dS'>'s column sums [BK])."""
+    b_dq, b_dk, b_dw, b_hdh = _state_products(do, u, du, p_h, p_dh, seq, t0, k0, T, H, b_dq, b_dk,
+                                              K, V, BT, BK, BV, NEED_DG, PREC)
+    store_tile(dw + seq * K, -b_dw, t0, k0, T, K, H * K, BT, BK)
+    if USE_G:
+        b_dq *= tl.exp2(b_g)[:, None]
+        b_dk *= tl.exp2(b_glast - b_g)[:, None]
+    return b_dq, b_dk, b_hdh
+
+
 @triton.jit(do_not_specialize=["T", "NT", "BTH"])
 def dqkw_kernel(
     q, k, u, h, dh, do, du, gam, dq, dk, dw, dgam, scale, T, NT, BTH, H,
@@ -112,11 +140,7 @@ def dqkw_kernel(
     t0, k0 = i_t * BT, i_k * BK
     p_h = h + (i_bh * NT + i_t).to(tl.int64) * K * V
     p_dh = dh + (i_bh * NT + i_t).to(tl.int64) * K * V
-    b_g = tl.zeros([BT], dtype=tl.float32)
-    if USE_G:
-        last = tl.minimum(t0 + BT, T) - 1
-        b_glast = tl.load(gam + seq + last * H)
-        b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
+    b_g, b_glast = _chunk_gates(gam, seq, t0, T, H, BT, USE_G)
     b_q = load_tile(q + seq * K, t0, k0, T, K, H * K, BT, BK)
     b_k = load_tile(k + seq * K, t0, k0, T, K, H * K, BT, BK)
     # Ungated, the intra-chunk parts come first and the state products add to them. Gated,
@@ -127,12 +151,9 @@ def dqkw_kernel(
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     else:
         b_dq, b_dk, b_dpg = _intra_chunk(do, u, seq, t0, T, H, b_q, b_k, b_g, scale, V, BT, BV, USE_G, PREC)
-    b_dq, b_dk, b_dw, b_hdh = _state_products(do, u, du, p_h, p_dh, seq, t0, k0, T, H, b_dq, b_dk,
-                                              K, V, BT, BK, BV, NEED_DG, PREC)
-    store_tile(dw + seq * K, -b_dw, t0, k0, T, K, H * K, BT, BK)
+    b_dq, b_dk, b_hdh = _state_block(do, u, du, dw, p_h, p_dh, seq, t0, k0, T, H, b_dq, b_dk, b_g, b_glast,
+                                     K, V, BT, BK, BV, USE_G, NEED_DG, PREC)
     if USE_G:
-        b_dq *= tl.exp2(b_g)[:, None]
-        b_dk *= tl.exp2(b_glast - b_g)[:, None]
         b_qdqs = tl.zeros([BT], dtype=tl.float32)
         b_kdks = tl.zeros([BT], dtype=tl.float32)
         if NEED_DG:  # the state parts' shares of d gamma, before the intra-chunk parts join them
@@ -174,12 +195,7 @@ def dqkw_k_loop_kernel(
     dt = q.dtype.element_ty
     p_h = h + (i_bh * NT + i_t).to(tl.int64) * K * V
     p_dh = dh + (i_bh * NT + i_t).to(tl.int64) * K * V
-    b_g = tl.zeros([BT], dtype=tl.float32)
-    b_glast = 0.0
-    if USE_G:
-        last = tl.minimum(t0 + BT, T) - 1
-        b_glast = tl.load(gam + seq + last * H)
-        b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
+    b_g, b_glast = _chunk_gates(gam, seq, t0, T, H, BT, USE_G)
     b_dpg, b_dptg = _intra_dp(do, u, seq, t0, T, H, b_g, V, BT, BV, USE_G, PREC)
     b_dptg = b_dptg.to(dt)
     b_dgam = tl.zeros([BT], dtype=tl.float32)
@@ -201,16 +217,12 @@ def dqkw_k_loop_kernel(
         b_k = load_tile(k + seq * K, t0, k0, T, K, H * K, BT, BK)
         b_dq = tl.zeros([BT, BK], dtype=tl.float32)
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-        b_dq, b_dk, b_dw, b_hdh_k = _state_products(do, u, du, p_h, p_dh, seq, t0, k0, T, H, b_dq, b_dk,
-                                                    K, V, BT, BK, BV, NEED_DG, PREC)
-        store_tile(dw + seq * K, -b_dw, t0, k0, T, K, H * K, BT, BK)
-        if USE_G:
-            b_dq *= tl.exp2(b_g)[:, None]
-            b_dk *= tl.exp2(b_glast - b_g)[:, None]
-            if NEED_DG:  # this K-block's state shares of d gamma (dqkw_kernel says which)
-                b_dgam += tl.sum(b_q.to(tl.float32) * b_dq, axis=1) * scale
-                b_kdks += tl.sum(b_k.to(tl.float32) * b_dk, axis=1)
-                b_hdh += b_hdh_k
+        b_dq, b_dk, b_hdh_k = _state_block(do, u, du, dw, p_h, p_dh, seq, t0, k0, T, H, b_dq, b_dk, b_g, b_glast,
+                                           K, V, BT, BK, BV, USE_G, NEED_DG, PREC)
+        if NEED_DG:  # this K-block's state shares of d gamma (dqkw_kernel says which)
+            b_dgam += tl.sum(b_q.to(tl.float32) * b_dq, axis=1) * scale
+            b_kdks += tl.sum(b_k.to(tl.float32) * b_dk, axis=1)
+            b_hdh += b_hdh_k
         b_dq += tl.dot(b_dpg, b_k, input_precision=PREC)
         b_dk += tl.dot(b_dptg, b_q, input_precision=PREC) * scale
         store_tile(dq + seq * K, b_dq * scale, t0, k0, T, K, H * K, BT, BK)
