@@ -368,12 +368,16 @@ class DqkwLaunch(TileLaunch):
     is the V-block's cap at head dims up to narrow_max_K (block_v_for). k_loop: where K spans
     several K-blocks, one program a chunk walks them (dqkw_k_loop_kernel) instead of one
     program a K-block, so that each chunk's dP = dO U^T and its transpose are formed once
-    rather than once per K-block."""
+    rather than once per K-block. fuse_wy_bwd: where V >= 64, the k-loop form and the WY
+    backward run as one kernel a chunk (kernels/gated_delta_rule/triton_bwd_fused.py), which
+    reads back dW, dk's share and the d gamma shares its program has just written, and k and
+    dU, which both halves read, from memory once; it runs at this launch's warps and stages."""
 
     dk_part_16bit: bool = False
     narrow_BV: int = 0
     narrow_max_K: int = 64
     k_loop: bool = False
+    fuse_wy_bwd: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -189,6 +189,18 @@ def dqkw_k_loop_kernel(
     d gamma and one of the earlier rows' share, each summed over the K-blocks (the pair terms
     over the whole K at once)."""
     i_t, i_bh = chunk_and_head(0, HEADS_FIRST)
+    dqkw_chunk(q, k, u, h, dh, do, du, gam, dq, dk, dw, dgam, scale, i_t, i_bh, T, NT, BTH, H,
+               K, V, BT, BK, BV, USE_G, NEED_DG, PREC)
+
+
+@triton.jit
+def dqkw_chunk(
+    q, k, u, h, dh, do, du, gam, dq, dk, dw, dgam, scale, i_t, i_bh, T, NT, BTH, H,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr,
+):
+    """dqkw_k_loop_kernel's work for chunk i_t of sequence of heads i_bh (also the first half
+    of the fused backward, triton_bwd_fused.py)."""
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
     t0 = i_t * BT

@@ -9,7 +9,8 @@ Forward with no gradient wanted (delta_rule_forward_only, as the custom op delta
 the same kernels storing nothing for a backward (no Tm; with DeltaLaunch.infer_fused, one state
 pass writing only O, no h or U).
 Backward: du_local -> state_bwd (triton_bwd.py; or state_bwd alone, StateBwdLaunch.local_du)
--> dqkw (triton_bwd_grad.py) -> wy_bwd (triton_wy_bwd.py), reusing the forward's Tm, W, U and
+-> dqkw (triton_bwd_grad.py) -> wy_bwd (triton_wy_bwd.py; or the two as one kernel,
+triton_bwd_fused.py, DqkwLaunch.fuse_wy_bwd), reusing the forward's Tm, W, U and
 per-chunk states.
 
 Why store the per-chunk states instead of recomputing them in the backward (as
@@ -40,6 +41,7 @@ from torch import Tensor
 from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_placeholder, placeholder, present
 from kernels.common.launch import decode, encode, launch_settings, note_launch
 from kernels.gated_delta_rule.triton_bwd import du_local, local_du_fused, state_bwd
+from kernels.gated_delta_rule.triton_bwd_fused import dqkw_wy_bwd, fused_wy_bwd_applies
 from kernels.gated_delta_rule.triton_bwd_grad import dqkw
 from kernels.gated_delta_rule.triton_fwd import RunningMean, fused_output_applies, output_fwd, state_fwd
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_op, wy_fwd
@@ -95,9 +97,13 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         local = local_du_fused(q.shape[0] * q.shape[2], q.shape[3], gam is not None)
         du = None if local else du_local(q, k, do, gam, opts.scale)
         du, dh, dh0 = state_bwd(q, k, w, do, du, gam, dht, opts.scale, ctx.h0_dtype is not None)
-        dq, dk_part, dw, dgam_part = dqkw(q, k, u, h, dh, do, du, gam, opts.scale, need_dg=ctx.need_dg)
-        del dh
-        dk, dv, dbeta, dg = wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, ctx.g_dtype, ctx.need_dg)
+        if fused_wy_bwd_applies(gam is not None, v.shape[-1]):  # DqkwLaunch.fuse_wy_bwd
+            dq, dk, dv, dbeta, dg = dqkw_wy_bwd(q, k, v, beta, gam, tm, u, h, dh, do, du, opts.scale, ctx.g_dtype,
+                                                ctx.need_dg)
+        else:
+            dq, dk_part, dw, dgam_part = dqkw(q, k, u, h, dh, do, du, gam, opts.scale, need_dg=ctx.need_dg)
+            del dh
+            dk, dv, dbeta, dg = wy_bwd(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, ctx.g_dtype, ctx.need_dg)
         if dh0 is not None:
             dh0 = dh0.to(ctx.h0_dtype)
         return dq, dk, dv, dg, dbeta, dh0, None, None

@@ -40,6 +40,18 @@ def wy_bwd_kernel(
 ):
     """dm_scratch: [B * H, cdiv(T, BT), BT, BT] in k's dtype with DM_READBACK (else unused)."""
     i_t, i_bh = chunk_and_head(0, HEADS_FIRST)
+    wy_bwd_chunk(k, v, beta, gam, tm, dw, du, dk_part, dgam_part, dk, dv, dbeta, dg, dm_scratch, i_t, i_bh,
+                 T, BTH, NK, H, K, V, BT, BK, BV, USE_G, NEED_DG, PREC, DM_READBACK)
+
+
+@triton.jit
+def wy_bwd_chunk(
+    k, v, beta, gam, tm, dw, du, dk_part, dgam_part, dk, dv, dbeta, dg, dm_scratch, i_t, i_bh, T, BTH, NK, H,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, NEED_DG: tl.constexpr, PREC: tl.constexpr, DM_READBACK: tl.constexpr,
+):
+    """wy_bwd_kernel's work for chunk i_t of sequence of heads i_bh (also the second half of
+    the fused backward, triton_bwd_fused.py)."""
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
     t0 = i_t * BT

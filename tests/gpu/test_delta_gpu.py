@@ -232,6 +232,18 @@ def test_dqkw_k_loop(case):
     assert not bad, f"{case} dqkw k_loop: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 
+@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_bf16_T32768", "gdn_bf16_T2100_K64_strong",
+                                  "gdn_fp32_T300_K100_V60", "delta_fp16_T75_K64_V256"])
+def test_dqkw_fused_with_wy_bwd(case):
+    """dqkw and the WY backward as one kernel a chunk (DqkwLaunch.fuse_wy_bwd, a candidate; its
+    second half reads back what its first half wrote, after a CTA barrier, which the
+    interpreter cannot show) against the default, each against fp64 (over_bounds_against;
+    the two differ as test_dqkw_k_loop's do)."""
+    errors = variant_errors(case, {"dqkw": {"fuse_wy_bwd": True}})
+    bad = over_bounds_against(case, errors, errors_of(case))
+    assert not bad, f"{case} dqkw fused with wy_bwd: (error, default's error) over the bounds: {bad} (all: {errors})"
+
+
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
 def test_wy_bwd_without_readback(case):
     """The WY backward forming dM^T again from transposed products (WyBwdLaunch.dm_readback

@@ -288,6 +288,44 @@ def test_dqkw_k_loop_matches_reference(compare, launch, monkeypatch, gated, K, B
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
+@pytest.mark.parametrize("K, BK, V, dtype", [(128, 64, 64, torch.float32), (100, 32, 96, torch.float16),
+                                             (48, 16, 64, torch.float32)])
+def test_dqkw_fused_with_wy_bwd_matches_reference(compare, launch, monkeypatch, gated, K, BK, V, dtype):
+    """dqkw and the WY backward as one kernel a chunk (DqkwLaunch.fuse_wy_bwd), over one to
+    four K-blocks (a partial one at K = 100) and V-blocks (a partial one at V = 96), a partial
+    last chunk: every gradient against the reference, and with a gate that wants no gradient
+    against the two launches; the fused kernel runs alone, and under V = 64 (where wy_bwd takes
+    2 warps) the two launches run instead."""
+    from kernels.gated_delta_rule import triton_bwd_fused, triton_bwd_grad, triton_wy_bwd
+    from tests.launch_util import LaunchSpy
+
+    seen = []
+    for module, name in ((triton_bwd_fused, "dqkw_wy_bwd_kernel"), (triton_bwd_grad, "dqkw_kernel"),
+                         (triton_bwd_grad, "dqkw_k_loop_kernel"), (triton_wy_bwd, "wy_bwd_kernel")):
+        monkeypatch.setattr(module, name, LaunchSpy(getattr(module, name), lambda kw, name=name: seen.append(name)))
+    fused = {"dqkw": {"BK": BK, "fuse_wy_bwd": True}, "wy_bwd": {"BK": BK, "BV": 32}}
+    launch(**each(DELTA_OPS, fused))
+    tensors, h0 = make_inputs(1, 130, 2, K, V, dtype, seed=150 + K, gated=gated)
+    compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
+    assert seen and set(seen) == {"dqkw_wy_bwd_kernel"}
+    if gated:  # a gate that wants no gradient (lin_gdn's, from positions): no d gamma shares
+        grads = {}
+        for on in (True, False):
+            launch(**each(DELTA_OPS, {"dqkw": {"fuse_wy_bwd": on}}))
+            leaves = {n: t.detach().clone().requires_grad_(n != "g") for n, t in tensors.items()}
+            o, _ = gated_delta_rule(**leaves, initial_state=h0, backend="triton")
+            o.float().square().sum().backward()
+            grads[on] = {n: t.grad for n, t in leaves.items() if n != "g"}
+        for name, grad in grads[True].items():
+            assert rel_err(grad.float(), grads[False][name].float()) < TOL[dtype], name
+    seen.clear()
+    launch(**each(DELTA_OPS, fused))
+    tensors, h0 = make_inputs(1, 70, 2, K, 32, dtype, seed=151, gated=gated)
+    compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
+    assert "dqkw_wy_bwd_kernel" not in seen and "wy_bwd_kernel" in seen
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
 @pytest.mark.parametrize("K, dtype", [(32, torch.float16), (64, torch.float32), (100, torch.float32)])
 def test_dqkw_narrow_value_blocks_match_reference(compare, launch, monkeypatch, gated, K, dtype):
     """dqkw with its V-block capped at 16 columns up to head dim 64 (DqkwLaunch.narrow_BV;
