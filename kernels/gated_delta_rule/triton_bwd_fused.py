@@ -7,9 +7,9 @@ by DeltaLaunch.heads_first_at) and runs what the two launches do for it, in orde
     barrier       every thread's part of those is written before any thread reads it
     wy_bwd_chunk  (triton_wy_bwd.py) dk, dv, dbeta and dg from them
 The scratch rows are the program's own and read back while they are likely still in L2, and
-k and dU, which both halves read, are read from memory once: at K = V = 128 the two launches
-move about 1 GB more through memory at B·T = 65,536, H = 16 (dW and dk's share written then
-read, k and dU read twice).
+k and dU, which both halves read, are read from memory once: at K = V = 128, B·T = 65,536,
+H = 16 the two launches read about 1 GB more from memory (dW and dk's share read back, k and
+dU read twice); the scratch rows are written either way.
 """
 
 from __future__ import annotations
