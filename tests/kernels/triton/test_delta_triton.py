@@ -251,6 +251,21 @@ def test_dk_part_in_16_bits_matches_reference(compare, launch, monkeypatch, gate
     assert seen and set(seen) == {dtype if sixteen else torch.float32}
 
 
+def assert_gate_without_gradient_agrees(launch, tensors: dict, h0, tol: float, variant: dict, baseline: dict) -> None:
+    """GDN's gradients where the gate wants none (lin_gdn's gates come from positions: the
+    kernels then skip the d gamma shares) under the delta rules' launch changes `variant`,
+    each within tol of those under `baseline`."""
+    grads = []
+    for changes in (variant, baseline):
+        launch(**each(DELTA_OPS, changes))
+        leaves = {n: t.detach().clone().requires_grad_(n != "g") for n, t in tensors.items()}
+        o, _ = gated_delta_rule(**leaves, initial_state=h0, backend="triton")
+        o.float().square().sum().backward()
+        grads.append({n: t.grad for n, t in leaves.items() if n != "g"})
+    for name, grad in grads[0].items():
+        assert rel_err(grad.float(), grads[1][name].float()) < tol, name
+
+
 @pytest.mark.parametrize("gated", [True, False], ids=["gdn", "deltanet"])
 @pytest.mark.parametrize("K, BK, dtype", [(128, 64, torch.float32), (100, 32, torch.float16), (48, 16, torch.float32)])
 def test_dqkw_k_loop_matches_reference(compare, launch, monkeypatch, gated, K, BK, dtype):
@@ -270,16 +285,9 @@ def test_dqkw_k_loop_matches_reference(compare, launch, monkeypatch, gated, K, B
     tensors, h0 = make_inputs(1, 130, 2, K, 32, dtype, seed=130 + K, gated=gated)
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
     assert seen and set(seen) == {"dqkw_k_loop_kernel"}
-    if gated:  # a gate that wants no gradient (lin_gdn's, from positions): no d gamma shares
-        grads = {}
-        for k_loop in (True, False):
-            launch(**each(DELTA_OPS, {"dqkw": {"BK": BK, "k_loop": k_loop}}))
-            leaves = {n: t.detach().clone().requires_grad_(n != "g") for n, t in tensors.items()}
-            o, _ = gated_delta_rule(**leaves, initial_state=h0, backend="triton")
-            o.float().square().sum().backward()
-            grads[k_loop] = {n: t.grad for n, t in leaves.items() if n != "g"}
-        for name, grad in grads[True].items():
-            assert rel_err(grad.float(), grads[False][name].float()) < TOL[dtype], name
+    if gated:
+        assert_gate_without_gradient_agrees(launch, tensors, h0, TOL[dtype], {"dqkw": {"BK": BK, "k_loop": True}},
+                                            {"dqkw": {"BK": BK, "k_loop": False}})
     seen.clear()
     launch(**each(DELTA_OPS, {"dqkw": {"BK": 64, "k_loop": True}}))
     tensors, h0 = make_inputs(1, 70, 2, 64, 32, dtype, seed=131, gated=gated)
@@ -308,16 +316,9 @@ def test_dqkw_fused_with_wy_bwd_matches_reference(compare, launch, monkeypatch, 
     tensors, h0 = make_inputs(1, 130, 2, K, V, dtype, seed=150 + K, gated=gated)
     compare(gated_delta_rule if gated else delta_rule, tensors, h0, TOL[dtype])
     assert seen and set(seen) == {"dqkw_wy_bwd_kernel"}
-    if gated:  # a gate that wants no gradient (lin_gdn's, from positions): no d gamma shares
-        grads = {}
-        for on in (True, False):
-            launch(**each(DELTA_OPS, {"dqkw": {"fuse_wy_bwd": on}}))
-            leaves = {n: t.detach().clone().requires_grad_(n != "g") for n, t in tensors.items()}
-            o, _ = gated_delta_rule(**leaves, initial_state=h0, backend="triton")
-            o.float().square().sum().backward()
-            grads[on] = {n: t.grad for n, t in leaves.items() if n != "g"}
-        for name, grad in grads[True].items():
-            assert rel_err(grad.float(), grads[False][name].float()) < TOL[dtype], name
+    if gated:
+        assert_gate_without_gradient_agrees(launch, tensors, h0, TOL[dtype], {"dqkw": {"fuse_wy_bwd": True}},
+                                            {"dqkw": {"fuse_wy_bwd": False}})
     seen.clear()
     launch(**each(DELTA_OPS, fused))
     tensors, h0 = make_inputs(1, 70, 2, K, 32, dtype, seed=151, gated=gated)
