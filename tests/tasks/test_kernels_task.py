@@ -197,9 +197,8 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     # CG at 64 rows a program up to K = 64
     for rule in (delta, gated):
         assert (rule["heads_first"], rule["heads_first_from_chunks"]) == (False, 256)
-    # GDN's dqkw over 32-column V-blocks up to K = 64 (candidate 27)
-    # (DeltaNet's, candidate 28, was slower); dqkw one program a K-block, apart from wy_bwd (k_loop and
-    # fuse_wy_bwd untimed)
+    # GDN's dqkw over 32-column V-blocks up to K = 64 (candidate 27; DeltaNet's, candidate 28,
+    # was slower); dqkw one program a K-block, apart from wy_bwd (k_loop and fuse_wy_bwd untimed)
     assert (gated["dqkw"]["narrow_BV"], gated["dqkw"]["narrow_max_K"]) == (32, 64) and delta["dqkw"]["narrow_BV"] == 0
     assert not any(rule["dqkw"][name] for rule in (gated, delta) for name in ("k_loop", "fuse_wy_bwd"))
     bwd_solve = as_dict(DEFAULTS["mesa"])["bwd_solve"]
