@@ -18,10 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.triton.utils import block_size, chunk_and_head, chunk_grid, dot_precision, new_buffer, warps
-from kernels.gated_delta_rule.triton_bwd_grad import dqkw_chunk
+from kernels.common.triton.utils import block_size, chunk_and_head, chunk_grid, dot_precision, warps
+from kernels.gated_delta_rule.triton_bwd_grad import dqkw_buffers, dqkw_chunk
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
-from kernels.gated_delta_rule.triton_wy_bwd import wy_bwd_chunk
+from kernels.gated_delta_rule.triton_wy_bwd import wy_bwd_buffers, wy_bwd_chunk
 
 
 @triton.jit(do_not_specialize=["T", "NT", "BTH"])
@@ -66,19 +66,11 @@ def dqkw_wy_bwd(
                          "run dqkw then wy_bwd otherwise")
     BT = CHUNK
     NT = triton.cdiv(T, BT)
-    dev = q.device
     launch = delta_launch(gam is not None)
     cfg, wy_cfg = launch.dqkw, launch.wy_bwd
     need_dg = need_dg and gam is not None
-    dq = new_buffer((B, T, H, K), q.dtype, dev)
-    dk_part = new_buffer((B, T, H, K), k.dtype if cfg.dk_part_16bit and k.element_size() == 2 else torch.float32, dev)
-    dw = new_buffer((B, T, H, K), k.dtype, dev)
-    dgam = new_buffer((2, B, T, H), torch.float32, dev) if need_dg else None
-    dk = new_buffer((B, T, H, K), k.dtype, dev)
-    dv = new_buffer((B, T, H, V), v.dtype, dev)
-    dbeta = new_buffer((B, T, H), beta.dtype, dev)
-    dg = new_buffer((B, T, H), g_dtype, dev) if need_dg else None
-    dm_scratch = new_buffer((B * H, NT, BT, BT), k.dtype, dev) if wy_cfg.dm_readback else k
+    dq, dk_part, dw, dgam = dqkw_buffers(q, k, cfg.dk_part_16bit, 1 if need_dg else 0)
+    dk, dv, dbeta, dg, dm_scratch = wy_bwd_buffers(k, v, beta, g_dtype if need_dg else None, BT, wy_cfg.dm_readback)
     heads_first = launch.heads_first_at(NT)
     dqkw_wy_bwd_kernel[chunk_grid((), NT, B * H, heads_first, "dqkw_wy_bwd")](
         q, k, u, v, beta, gam if gam is not None else q, tm, h, dh, do, du, dq, dk_part, dw,

@@ -244,6 +244,19 @@ def dqkw_chunk(
         store_vec(dgam + BTH + seq, tl.exp2(b_glast) * tl.sum(b_hdh, axis=0) + sum_before(b_kdks), t0, T, H, BT)
 
 
+def dqkw_buffers(
+    q: torch.Tensor, k: torch.Tensor, dk_part_16bit: bool, dgam_blocks: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """dqkw's outputs: dq [B, T, H, K] q.dtype, dk's share (k.dtype for 16-bit inputs under
+    dk_part_16bit, else fp32), dW k.dtype, and dgam_part [2 dgam_blocks, B, T, H] fp32 (None
+    for 0 blocks: no d gamma wanted)."""
+    B, T, H, K = q.shape
+    dev = q.device
+    dk_dtype = k.dtype if dk_part_16bit and k.element_size() == 2 else torch.float32
+    dgam = new_buffer((2 * dgam_blocks, B, T, H), torch.float32, dev) if dgam_blocks else None
+    return new_buffer(q.shape, q.dtype, dev), new_buffer(k.shape, dk_dtype, dev), new_buffer(k.shape, k.dtype, dev), dgam
+
+
 def dqkw(
     q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, h: torch.Tensor, dh: torch.Tensor,
     do: torch.Tensor, du: torch.Tensor, gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK,
@@ -258,19 +271,15 @@ def dqkw(
     V = u.shape[-1]
     BT = chunk_size
     NT = triton.cdiv(T, BT)
-    dev = q.device
     launch = delta_launch(gam is not None)
     cfg = launch.dqkw
     BK = block_size(K, cfg.BK)
     NK = triton.cdiv(K, BK)
     k_loop = cfg.k_loop and NK > 1
-    dq = new_buffer((B, T, H, K), q.dtype, dev)
-    dk = new_buffer((B, T, H, K), k.dtype if cfg.dk_part_16bit and k.element_size() == 2 else torch.float32, dev)
-    dw = new_buffer((B, T, H, K), k.dtype, dev)
     # rows [0, NK): each K-block's d gamma per token; [NK, 2 NK): its share of dg from earlier
     # rows; the k-loop kernel sums the K-blocks' shares itself (one row each)
     need_dg = need_dg and gam is not None
-    dgam = new_buffer((2 if k_loop else 2 * NK, B, T, H), torch.float32, dev) if need_dg else None
+    dq, dk, dw, dgam = dqkw_buffers(q, k, cfg.dk_part_16bit, (1 if k_loop else NK) if need_dg else 0)
     heads_first = launch.heads_first_at(NT)
     kernel, lead = (dqkw_k_loop_kernel, ()) if k_loop else (dqkw_kernel, (NK,))
     kernel[chunk_grid(lead, NT, B * H, heads_first, "dqkw")](

@@ -145,6 +145,21 @@ def wy_bwd_chunk(
         store_vec(dg + seq, b_dg, t0, T, H, BT)
 
 
+def wy_bwd_buffers(
+    k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, dg_dtype: torch.dtype | None, chunk: int, dm_readback: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The WY backward's outputs (dk [B, T, H, K] k.dtype, dv [B, T, H, V] v.dtype, dbeta
+    [B, T, H] beta.dtype, dg [B, T, H] in dg_dtype or None where dg_dtype is None) and its dM
+    scratch: a [chunk, chunk] tile a chunk, [B * H, NT, chunk, chunk] in k's dtype, written
+    and read by its own program only (k itself, unused, without dm_readback)."""
+    B, T, H, K = k.shape
+    dev = k.device
+    dg = new_buffer((B, T, H), dg_dtype, dev) if dg_dtype is not None else None
+    scratch = new_buffer((B * H, triton.cdiv(T, chunk), chunk, chunk), k.dtype, dev) if dm_readback else k
+    return (new_buffer(k.shape, k.dtype, dev), new_buffer(v.shape, v.dtype, dev), new_buffer((B, T, H), beta.dtype, dev),
+            dg, scratch)
+
+
 def wy_bwd(
     k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, gam: torch.Tensor | None,
     tm: torch.Tensor, dw: torch.Tensor, du: torch.Tensor, dk_part: torch.Tensor,
@@ -159,19 +174,13 @@ def wy_bwd(
     B, T, H, K = k.shape
     BT = tm.shape[-1]
     V = v.shape[-1]
-    dev = k.device
     launch = delta_launch(gam is not None)
     cfg = launch.wy_bwd
     BV = block_size(V, cfg.BV)
-    dk = new_buffer((B, T, H, K), k.dtype, dev)
-    dv = new_buffer((B, T, H, V), v.dtype, dev)
-    dbeta = new_buffer((B, T, H), beta.dtype, dev)
     need_dg = need_dg and gam is not None
     if need_dg and dgam_part is None:
         raise ValueError("wy_bwd: need_dg with a gate needs dqkw's dgam_part")
-    dg = new_buffer((B, T, H), g_dtype, dev) if need_dg else None
-    # a scratch tile a chunk, written and read by its own program only
-    dm_scratch = new_buffer((B * H, triton.cdiv(T, BT), BT, BT), k.dtype, dev) if cfg.dm_readback else k
+    dk, dv, dbeta, dg, dm_scratch = wy_bwd_buffers(k, v, beta, g_dtype if need_dg else None, BT, cfg.dm_readback)
     heads_first = launch.heads_first_at(triton.cdiv(T, BT))
     wy_bwd_kernel[chunk_grid((), triton.cdiv(T, BT), B * H, heads_first, "wy_bwd")](
         k, v, beta, gam if gam is not None else k, tm, dw, du, dk_part,
