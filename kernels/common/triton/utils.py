@@ -32,8 +32,6 @@ class DebugFlags:
 DEBUG = DebugFlags()
 
 
-
-
 @triton.jit
 def chunk_and_head(AXIS: tl.constexpr, HEADS_FIRST: tl.constexpr):
     """(i_t, i_bh): this program's chunk and sequence of heads in a grid of chunk_grid's, whose
