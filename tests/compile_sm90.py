@@ -268,6 +268,8 @@ def run_ops() -> None:
         ("dqkw and the WY backward as one kernel (fuse_wy_bwd)",
          {op: {"dqkw": {"fuse_wy_bwd": True}} for op in ("delta_rule", "gated_delta_rule")},
          ["delta_rule", "gated_delta_rule"]),
+        ("dqkw and the WY backward as one kernel, its dqkw half over 32-key blocks",
+         {"gated_delta_rule": {"dqkw": {"fuse_wy_bwd": True, "BK": 32}}}, ["gated_delta_rule"]),
         ("the heads first on the grid, dU_local in its own launch",
          {op: {"heads_first": True, "state_bwd": {"local_du": False}} for op in ("delta_rule", "gated_delta_rule")},
          ["delta_rule", "gated_delta_rule"]),

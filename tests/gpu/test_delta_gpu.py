@@ -220,28 +220,41 @@ def test_dqkw_narrow_value_blocks(case):
     assert not bad, f"{case} dqkw narrow_BV 32: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 
-@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_bf16_T32768", "gdn_bf16_T1000_K256_V32",
-                                  "gdn_fp32_T300_K100_V60"])
-def test_dqkw_k_loop(case):
+K_LOOP_CASES = [
+    *[(case, {"k_loop": True, "BV": 64}) for case in ("gdn_bf16_T4100_strong", "delta_bf16_T32768",
+                                                      "gdn_bf16_T1000_K256_V32", "gdn_fp32_T300_K100_V60")],
+    *[(case, {"k_loop": True, "BK": 32}) for case in ("gdn_bf16_T4100_strong", "gdn_bf16_T2100_K64_strong")],
+]
+
+
+@pytest.mark.parametrize("case, dqkw", K_LOOP_CASES)
+def test_dqkw_k_loop(case, dqkw):
     """The dq/dk/dW kernel with one program a chunk walking the K-blocks (DqkwLaunch.k_loop, a
-    candidate; two to four 64-key blocks here, a partial one at K = 100) at 64-column V-blocks
-    against the default, each against fp64 (over_bounds_against; the two differ in where dg's
-    per-block shares are summed and in dP's rounding to 16 bits once rather than per block)."""
-    errors = variant_errors(case, {"dqkw": {"k_loop": True, "BV": 64}})
+    candidate; two to eight 64- or 32-key blocks here, a partial one at K = 100) against the
+    default, each against fp64 (over_bounds_against; the two differ in where dg's per-block
+    shares are summed and in dP's rounding to 16 bits once rather than per block)."""
+    errors = variant_errors(case, {"dqkw": dqkw})
     bad = over_bounds_against(case, errors, errors_of(case))
-    assert not bad, f"{case} dqkw k_loop: (error, default's error) over the bounds: {bad} (all: {errors})"
+    assert not bad, f"{case} dqkw {dqkw}: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 
-@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_bf16_T32768", "gdn_bf16_T2100_K64_strong",
-                                  "gdn_fp32_T300_K100_V60", "delta_fp16_T75_K64_V256"])
-def test_dqkw_fused_with_wy_bwd(case):
+FUSED_WY_CASES = [
+    *[(case, {"fuse_wy_bwd": True}) for case in ("gdn_bf16_T4100_strong", "delta_bf16_T32768",
+                                                 "gdn_bf16_T2100_K64_strong", "gdn_fp32_T300_K100_V60",
+                                                 "delta_fp16_T75_K64_V256")],
+    *[(case, {"fuse_wy_bwd": True, "BK": 32}) for case in ("gdn_bf16_T4100_strong", "gdn_bf16_T2100_K64_strong")],
+]
+
+
+@pytest.mark.parametrize("case, dqkw", FUSED_WY_CASES)
+def test_dqkw_fused_with_wy_bwd(case, dqkw):
     """dqkw and the WY backward as one kernel a chunk (DqkwLaunch.fuse_wy_bwd, a candidate; its
     second half reads back what its first half wrote, after a CTA barrier, which the
-    interpreter cannot show) against the default, each against fp64 (over_bounds_against;
-    the two differ as test_dqkw_k_loop's do)."""
-    errors = variant_errors(case, {"dqkw": {"fuse_wy_bwd": True}})
+    interpreter cannot show; its dqkw half over 64- or 32-key blocks) against the default,
+    each against fp64 (over_bounds_against; the two differ as test_dqkw_k_loop's do)."""
+    errors = variant_errors(case, {"dqkw": dqkw})
     bad = over_bounds_against(case, errors, errors_of(case))
-    assert not bad, f"{case} dqkw fused with wy_bwd: (error, default's error) over the bounds: {bad} (all: {errors})"
+    assert not bad, f"{case} dqkw {dqkw}: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])

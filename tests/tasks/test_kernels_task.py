@@ -181,7 +181,9 @@ def test_the_candidates_sweep_changes_one_default_a_run():
                        ("gdn", {"gated_delta_rule": {"dqkw": {"k_loop": True}}}, ["fwdbwd"]),
                        ("deltanet", {"delta_rule": {"dqkw": {"k_loop": True, "BV": 64}}}, ["fwdbwd"]),
                        ("gdn", {"gated_delta_rule": {"dqkw": {"fuse_wy_bwd": True}}}, ["fwdbwd"]),
-                       ("deltanet", {"delta_rule": {"dqkw": {"fuse_wy_bwd": True, "BV": 64}}}, ["fwdbwd"])]
+                       ("deltanet", {"delta_rule": {"dqkw": {"fuse_wy_bwd": True, "BV": 64}}}, ["fwdbwd"]),
+                       ("gdn", {"gated_delta_rule": {"dqkw": {"k_loop": True, "BK": 32}}}, ["fwdbwd"]),
+                       ("gdn", {"gated_delta_rule": {"dqkw": {"fuse_wy_bwd": True, "BK": 32}}}, ["fwdbwd"])]
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
     # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64,
