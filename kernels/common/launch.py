@@ -371,7 +371,11 @@ class DqkwLaunch(TileLaunch):
     rather than once per K-block. fuse_wy_bwd: where V >= 64, the k-loop form and the WY
     backward run as one kernel a chunk (kernels/gated_delta_rule/triton_bwd_fused.py), which
     reads back dW, dk's share and the d gamma shares its program has just written, and k and
-    dU, which both halves read, from memory once; it runs at this launch's warps and stages."""
+    dU, which both halves read, from memory once; it runs at this launch's warps and stages.
+    Both are off: on one H100 (records 20261207T184436-T185027, candidates 29-34) the k-loop
+    dqkw was within 1 % of one program a K-block at K = 128 (1,505 against 1,490 us, GDN, T =
+    2k) and slower over 32-key blocks (1,825), and the fused kernel 24 % slower than the two
+    launches for GDN (3,150 against 2,541 us) and level for DeltaNet."""
 
     dk_part_16bit: bool = False
     narrow_BV: int = 0
@@ -646,7 +650,9 @@ class LinGdnLaunch:
     # tl.cumsum, a scan inside the state pass's sequential loop; "dots", those sums of 16-bit v
     # as a product with triangular ones (kernels/common/triton/prefix.py); "stored", not at all:
     # the scan of v writes the mean whole in v's dtype (one more [B, T, H, V] write there) and
-    # the output only loads and adds it (a candidate, untimed); "auto", per pass
+    # the output only loads and adds it (candidate 21, not taken: lin_gdn's forward at T = 2k / 8k
+    # / 32k 2.11 / 2.23 / 2.52 -> 1.95 / 2.06 / 2.55 ms at K = 128, 1.94 / 2.19 / 2.62 -> 2.01 /
+    # 2.13 / 2.77 at K = 64, forward+backward within 1 %; one H100); "auto", per pass
     # (RunningMean.sums_by_dot): dots in the output kernel, and in the fused state pass at K <=
     # 64 or within one wave of programs. One H100, T = 2k / 8k / 32k (records 20261207T024423,
     # T024458), scan -> dots: the output kernel 761 / 768 / 780 -> 701 / 715 / 740 us at K =

@@ -229,8 +229,8 @@ K_LOOP_CASES = [
 
 @pytest.mark.parametrize("case, dqkw", K_LOOP_CASES)
 def test_dqkw_k_loop(case, dqkw):
-    """The dq/dk/dW kernel with one program a chunk walking the K-blocks (DqkwLaunch.k_loop, a
-    candidate; two to eight 64- or 32-key blocks here, a partial one at K = 100) against the
+    """The dq/dk/dW kernel with one program a chunk walking the K-blocks (DqkwLaunch.k_loop, off
+    by default; two to eight 64- or 32-key blocks here, a partial one at K = 100) against the
     default, each against fp64 (over_bounds_against; the two differ in where dg's per-block
     shares are summed and in dP's rounding to 16 bits once rather than per block)."""
     errors = variant_errors(case, {"dqkw": dqkw})
@@ -248,7 +248,7 @@ FUSED_WY_CASES = [
 
 @pytest.mark.parametrize("case, dqkw", FUSED_WY_CASES)
 def test_dqkw_fused_with_wy_bwd(case, dqkw):
-    """dqkw and the WY backward as one kernel a chunk (DqkwLaunch.fuse_wy_bwd, a candidate; its
+    """dqkw and the WY backward as one kernel a chunk (DqkwLaunch.fuse_wy_bwd, off by default; its
     second half reads back what its first half wrote, after a CTA barrier, which the
     interpreter cannot show; its dqkw half over 64- or 32-key blocks) against the default,
     each against fp64 (over_bounds_against; the two differ as test_dqkw_k_loop's do)."""
