@@ -230,7 +230,7 @@ K_LOOP_CASES = [
 @pytest.mark.parametrize("case, dqkw", K_LOOP_CASES)
 def test_dqkw_k_loop(case, dqkw):
     """The dq/dk/dW kernel with one program a chunk walking the K-blocks (DqkwLaunch.k_loop, off
-    by default; two to eight 64- or 32-key blocks here, a partial one at K = 100) against the
+    by default; two to four 64- or 32-key blocks here, a partial one at K = 100) against the
     default, each against fp64 (over_bounds_against; the two differ in where dg's per-block
     shares are summed and in dP's rounding to 16 bits once rather than per block)."""
     errors = variant_errors(case, {"dqkw": dqkw})
