@@ -11,7 +11,7 @@
 #   bash benchmarks/gpu_efficiency.sh throughput lin_gdn,mesa              # ~4 min
 #   bash benchmarks/gpu_efficiency.sh memory softmax,linear,gla,deltanet,gdn,lin_gdn,mesa  # ~4 min
 #
-# with carry=[".whl"]: .whl/*.whl is FLA (fla-core, the comparison columns) and
+# with carry=[".whl"] (and ".triton" for the Triton of benchmarks/triton_carry.sh): .whl/*.whl is FLA (fla-core, the comparison columns) and
 # .whl/harness/*.whl is pydantic and its dependencies for Python 3.12 (the device image has
 # no pydantic). Everything lands in $OUT: <task>_<mixers>.tar.gz (the records and their
 # PNGs, laid out as results/; extract with `tar -xzf FILE -C results`), <task>_<mixers>.log
@@ -31,6 +31,8 @@ mkdir -p "$OUT" "$RESULTS"
 
 DEVICE=${DEVICE:-cuda}
 source benchmarks/carried_wheels.sh
+# with .triton carried (benchmarks/triton_carry.sh), that Triton runs instead of the image's
+if [ -d .triton ]; then source benchmarks/triton_carry.sh install || exit 1; fi
 # The device gets a copy of the tree without .git: pass the commit in (HARNESS_GIT_COMMIT=...).
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
 
