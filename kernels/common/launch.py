@@ -445,6 +445,14 @@ class DeltaLaunch:
     # rows (DEFAULTS: both rules from 256 chunks on)
     heads_first: bool = False
     heads_first_from_chunks: int = 0
+    # store_p: the training forward's output pass (the fused state pass, or output_fwd) also
+    # stores each chunk's P = scale (Q K^T ⊙ Gamma) (lower, diagonal included), [B, T, H, 64] in
+    # q's dtype, the same 16-bit P its output product reads, and the backward's dU_local = P^T dO
+    # (in du_local, or in the state pass under StateBwdLaunch.local_du) loads P's transpose
+    # instead of forming Q K^T from q and k: one [BT, K] x [K, BT] product and the decay's
+    # exp2s fewer per V-block in the sequential pass, and q and k not read by du_local, for one
+    # [B, T, H, 64] write in the forward (half a [B, T, H, 128] tensor)
+    store_p: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.heads_first_from_chunks, int) or self.heads_first_from_chunks < 0:

@@ -15,7 +15,8 @@ dS_{n+1} the gradient of the state leaving chunk n (dS_N = gradient of the final
              Kd dS = diag(2^{gamma_C - gamma}) (K dS).
 
 P^T is computed directly as K Q^T (never as the transpose of a product: see
-kernels/common/triton/solve.py on Hopper). Layouts as in triton_fwd.py (gamma in log2
+kernels/common/triton/solve.py on Hopper), or, where the forward stored P (DeltaLaunch.store_p),
+loaded transposed from it. Layouts as in triton_fwd.py (gamma in log2
 units); dh: [B, H, NT, K, V].
 """
 
@@ -34,25 +35,28 @@ from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
 @triton.jit(do_not_specialize=["T"])
 def du_local_kernel(
-    q, k, do, gam, du, scale, T, H,
+    q, k, do, gam, pm, du, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, PREC: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    USE_G: tl.constexpr, PREC: tl.constexpr, HEADS_FIRST: tl.constexpr, P_STORED: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_t, i_bh = utils.chunk_and_head(1, HEADS_FIRST)
     i_b, i_h = i_bh // H, i_bh % H
     seq = (i_b * T * H + i_h).to(tl.int64)
     t0, v0 = i_t * BT, i_v * BV
-    # b_pt[a, b] = k_a . q_b, kept where query b >= key a
-    b_pt = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_qt = load_tile_t(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_pt += tl.dot(b_k, b_qt, input_precision=PREC)
-    b_g = tl.zeros([BT], dtype=tl.float32)
-    if USE_G:
-        b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
-    b_pt = anticausal_decay(b_pt * scale, b_g, b_g, True, USE_G)
+    if P_STORED:  # the forward's P, read transposed
+        b_pt = load_tile_t(pm + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
+    else:
+        # b_pt[a, b] = k_a . q_b, kept where query b >= key a
+        b_pt = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_k in range(tl.cdiv(K, BK)):
+            b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+            b_qt = load_tile_t(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+            b_pt += tl.dot(b_k, b_qt, input_precision=PREC)
+        b_g = tl.zeros([BT], dtype=tl.float32)
+        if USE_G:
+            b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
+        b_pt = anticausal_decay(b_pt * scale, b_g, b_g, True, USE_G)
     b_do = load_tile(do + seq * V, t0, v0, T, V, H * V, BT, BV)
     b_du = tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)
     store_tile(du + seq * V, b_du, t0, v0, T, V, H * V, BT, BV)
@@ -60,10 +64,10 @@ def du_local_kernel(
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def state_bwd_kernel(
-    q, k, w, do, du, gam, dh, dht, dh0, scale, T, NT, H,
+    q, k, w, do, du, gam, pm, dh, dht, dh0, scale, T, NT, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, LOCAL_DU: tl.constexpr,
-    FACTORS_ON_V: tl.constexpr, PREC: tl.constexpr,
+    FACTORS_ON_V: tl.constexpr, PREC: tl.constexpr, P_STORED: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -86,8 +90,11 @@ def state_bwd_kernel(
             last = tl.minimum(t0 + BT, T) - 1
             b_glast = tl.load(gam + seq + last * H)
             b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
-        if LOCAL_DU:  # dU_local = P^T dO, P^T from the ungated tiles (as du_local_kernel)
-            b_pt = anticausal_decay(tl.dot(b_k, b_qt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
+        if LOCAL_DU:  # dU_local = P^T dO, P^T from the ungated tiles (as du_local_kernel) or stored
+            if P_STORED:
+                b_pt = load_tile_t(pm + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
+            else:
+                b_pt = anticausal_decay(tl.dot(b_k, b_qt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
             b_du = tl.dot(b_pt.to(dt), b_do, input_precision=PREC)
         else:
             b_du = load_tile(du + seq * V, t0, v0, T, V, H * V, BT, BV).to(tl.float32)
@@ -120,10 +127,12 @@ def state_bwd_kernel(
 
 def du_local(
     q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, gam: torch.Tensor | None, scale: float,
-    chunk_size: int = CHUNK,
+    chunk_size: int = CHUNK, p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dU_local = P^T dO per chunk: [B, T, H, V] in do's dtype. q, k: [B, T, H, K]; do:
-    [B, T, H, V]; gam: [B, T, H] fp32 cumulative log2-gates or None."""
+    [B, T, H, V]; gam: [B, T, H] fp32 cumulative log2-gates or None; p: the forward's P
+    ([B, T, H, chunk_size] in q's dtype, output_fwd's), read instead of forming P from q
+    and k, or None."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     du = new_buffer((B, T, H, V), do.dtype, do.device)
@@ -133,9 +142,10 @@ def du_local(
     heads_first = launch.heads_first_at(triton.cdiv(T, chunk_size))
     grid = utils.chunk_grid((triton.cdiv(V, BV),), triton.cdiv(T, chunk_size), B * H, heads_first, "du_local")
     du_local_kernel[grid](
-        q, k, do, gam if gam is not None else q, du, scale, T,
+        q, k, do, gam if gam is not None else q, p if p is not None else q, du, scale, T,
         H=H, K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None,
-        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first, num_warps=warps(cfg.warps_for(BV)),
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first, P_STORED=p is not None,
+        num_warps=warps(cfg.warps_for(BV)),
         num_stages=cfg.num_stages,
     )
     return du
@@ -152,10 +162,11 @@ def local_du_fused(n_heads: int, K: int, gated: bool) -> bool:
 def state_bwd(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, du: torch.Tensor | None,
     gam: torch.Tensor | None, dht: torch.Tensor | None, scale: float, need_dh0: bool,
-    chunk_size: int = CHUNK,
+    chunk_size: int = CHUNK, p: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """dU [B, T, H, V] in do's dtype from du (holding dU_local, from du_local; turned into dU
-    in place) or, with du None, from dU_local formed in the pass (local_du_fused must hold).
+    in place) or, with du None, from dU_local formed in the pass (local_du_fused must hold),
+    from the forward's P where p is given (as du_local's) and from q and k otherwise.
     Returns (dU, dh [B, H, NT, K, V] gradients of the states leaving each chunk, dh0
     [B, H, K, V] fp32 or None). dht: fp32 or None."""
     B, T, H, K = q.shape
@@ -173,11 +184,11 @@ def state_bwd(
     cfg = launch.state_bwd
     BV = sequential_block_v(V, cfg.BV, launch.seq.min_BV, launch.seq.min_waves, B * H, dev)
     state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, w, do, du, gam if gam is not None else q, dh, dht if dht is not None else q,
-        dh0 if dh0 is not None else q, scale, T, NT,
+        q, k, w, do, du, gam if gam is not None else q, p if p is not None else q, dh,
+        dht if dht is not None else q, dh0 if dh0 is not None else q, scale, T, NT,
         H=H, K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_DHT=dht is not None,
         STORE_DH0=need_dh0, LOCAL_DU=local, FACTORS_ON_V=cfg.factors_on_v and not local,
-        PREC=dot_precision(q.dtype, cfg.fp32_dots),
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), P_STORED=local and p is not None,
         num_warps=warps(cfg.num_warps),
         num_stages=cfg.stages_at(full_block(K), q.element_size(), triton.cdiv(V, BV) * B * H, utils.multiprocessors(dev)),
     )

@@ -109,11 +109,11 @@ def _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count,
 
 @triton.jit(do_not_specialize=["T", "NT", "count"])
 def state_fwd_kernel(
-    k, w, u0, u, gam, h, h0, ht, q, o, mv, menter, scale, T, NT, H, count,
+    k, w, u0, u, gam, h, h0, ht, q, o, pm, mv, menter, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
     FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr,
-    MEAN_ACC: tl.constexpr, MEAN_STORED: tl.constexpr,
+    MEAN_ACC: tl.constexpr, MEAN_STORED: tl.constexpr, STORE_P: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -142,6 +142,9 @@ def state_fwd_kernel(
             if USE_G:
                 b_o *= tl.exp2(b_g)[:, None]
             b_a = causal_decay(tl.dot(b_q, b_kt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
+            if STORE_P:  # P as the product below reads it, once per head (the first V-block)
+                if i_v == 0:
+                    store_tile(pm + seq * BT, b_a.to(dt), t0, 0, T, BT, H * BT, BT, BT)
             b_o = b_o * scale + tl.dot(b_a.to(dt), b_u.to(u.dtype.element_ty).to(dt), input_precision=PREC)
             if HAS_MEAN:
                 b_o = _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
@@ -160,10 +163,10 @@ def state_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T", "NT", "count"])
 def output_fwd_kernel(
-    q, k, u, h, gam, mv, menter, o, scale, T, NT, H, count,
+    q, k, u, h, gam, mv, menter, o, pm, scale, T, NT, H, count,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr, MEAN_ACC: tl.constexpr,
-    MEAN_STORED: tl.constexpr, PREC: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    MEAN_STORED: tl.constexpr, PREC: tl.constexpr, HEADS_FIRST: tl.constexpr, STORE_P: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_t, i_bh = utils.chunk_and_head(1, HEADS_FIRST)
@@ -185,6 +188,9 @@ def output_fwd_kernel(
         b_o *= tl.exp2(b_g)[:, None]
     b_a = causal_decay(b_a * scale, b_g, b_g, True, USE_G)
     b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
+    if STORE_P:  # P as the product below reads it, once per chunk (the first V-block)
+        if i_v == 0:
+            store_tile(pm + seq * BT, b_a.to(b_u.dtype), t0, 0, T, BT, H * BT, BT, BT)
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
     if HAS_MEAN:  # the running mean of mv, added before the one rounding to o's dtype
         b_o = _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
@@ -227,14 +233,18 @@ def state_fwd(
     k: torch.Tensor, w: torch.Tensor, u0: torch.Tensor, gam: torch.Tensor | None,
     h0: torch.Tensor | None, output_final_state: bool,
     q: torch.Tensor | None = None, scale: float = 1.0, chunk_size: int = CHUNK, store_states: bool = True,
-    mean: RunningMean | None = None,
+    mean: RunningMean | None = None, p: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Returns (h [B, H, NT, K, V] states entering each chunk, U [B, T, H, V], final state
     [B, H, K, V] fp32 or None, O [B, T, H, V] or None). h0: [B, H, K, V] fp32 contiguous or
     None. With q ([B, T, H, K]) the output O = output_fwd(q, k, U, h, gam, scale) is
     computed in the same pass (plus `mean`'s running mean, as output_fwd adds it), and
     store_states=False (only with q: a forward no backward follows) leaves h and U unwritten
-    (returned as None)."""
+    (returned as None). p (only with q): a [B, T, H, chunk_size] buffer in q's dtype that
+    receives each chunk's P = scale (Q K^T ⊙ Gamma), lower with the diagonal, row t holding
+    row (t mod chunk_size) of its chunk's (DeltaLaunch.store_p)."""
+    if p is not None and q is None:
+        raise ValueError("state_fwd: p (the output's P stored) needs q (the output fused)")
     if not store_states and q is None:
         raise ValueError("state_fwd: store_states=False needs q (the output fused): output_fwd reads h and U")
     if mean is not None and q is None:
@@ -258,10 +268,11 @@ def state_fwd(
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u0, u if u is not None else u0, gam if gam is not None else k, h if h is not None else k,
         h0 if h0 is not None else k, ht if ht is not None else k, q if q is not None else k,
-        o if o is not None else u0, mv, menter, scale, T, NT, H, count,
+        o if o is not None else u0, p if p is not None else k, mv, menter, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        STORE_STATES=store_states, **mean_flags, num_warps=warps(cfg.num_warps), num_stages=stages,
+        STORE_STATES=store_states, **mean_flags, STORE_P=p is not None, num_warps=warps(cfg.num_warps),
+        num_stages=stages,
     )
     return h, u, ht, o
 
@@ -269,10 +280,13 @@ def state_fwd(
 def output_fwd(
     q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, h: torch.Tensor,
     gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK, mean: RunningMean | None = None,
+    p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """O = diag(2^gamma) (scale Q) S_n + (scale Q K^T ⊙ Gamma) U per chunk (+ the running
     mean of `mean`, in fp32 before O is rounded to q's dtype): [B, T, H, V].
-    q, k: [B, T, H, K]; u: [B, T, H, V]; h: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None."""
+    q, k: [B, T, H, K]; u: [B, T, H, V]; h: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None;
+    p: None, or a [B, T, H, chunk_size] buffer in q's dtype that receives each chunk's
+    P = scale (Q K^T ⊙ Gamma) (as state_fwd's)."""
     B, T, H, K = q.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, chunk_size)
@@ -283,9 +297,9 @@ def output_fwd(
     mv, menter, count, mean_flags = _mean_args(mean, NT, chunk_size, "output_fwd", q)
     heads_first = launch.heads_first_at(NT)
     output_fwd_kernel[utils.chunk_grid((triton.cdiv(V, BV),), NT, B * H, heads_first, "output_fwd")](
-        q, k, u, h, gam if gam is not None else q, mv, menter, o, scale, T, NT, H, count,
+        q, k, u, h, gam if gam is not None else q, mv, menter, o, p if p is not None else q, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None, **mean_flags,
-        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first,
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first, STORE_P=p is not None,
         num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return o

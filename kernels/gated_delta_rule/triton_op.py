@@ -8,6 +8,8 @@ the output too, DeltaLaunch.fused_fwd).
 Forward with no gradient wanted (delta_rule_forward_only, as the custom op delta_rule_infer):
 the same kernels storing nothing for a backward (no Tm; with DeltaLaunch.infer_fused, one state
 pass writing only O, no h or U).
+Under DeltaLaunch.store_p the training forward's output pass also stores each chunk's P = scale
+(Q K^T ⊙ Gamma), which the backward's dU_local reads instead of forming it again.
 Backward: du_local -> state_bwd (triton_bwd.py; or state_bwd alone, StateBwdLaunch.local_du)
 -> dqkw (triton_bwd_grad.py) -> wy_bwd (triton_wy_bwd.py; or the two as one kernel,
 triton_bwd_fused.py, DqkwLaunch.fuse_wy_bwd), reusing the forward's Tm, W, U and
@@ -40,11 +42,12 @@ from torch import Tensor
 
 from kernels.common.custom_op import FunctionContext, fake_like, op_name, or_placeholder, placeholder, present
 from kernels.common.launch import decode, encode, launch_settings, note_launch
+from kernels.common.triton.utils import new_buffer
 from kernels.gated_delta_rule.triton_bwd import du_local, local_du_fused, state_bwd
 from kernels.gated_delta_rule.triton_bwd_fused import dqkw_wy_bwd, fused_wy_bwd_applies
 from kernels.gated_delta_rule.triton_bwd_grad import dqkw
 from kernels.gated_delta_rule.triton_fwd import RunningMean, fused_output_applies, output_fwd, state_fwd
-from kernels.gated_delta_rule.triton_wy import CHUNK, delta_op, wy_fwd
+from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch, delta_op, wy_fwd
 from kernels.gated_delta_rule.triton_wy_bwd import wy_bwd
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -70,12 +73,13 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         h0 = initial_state.float().contiguous() if initial_state is not None else None
         gam, tm, w, u0 = wy_fwd(k, v, beta, g)
         fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None)
+        p = new_buffer(q.shape[:3] + (CHUNK,), q.dtype, q.device) if stores_p(g is not None) else None
         h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale,
-                                mean=mean if fused else None)
+                                mean=mean if fused else None, p=p if fused else None)
         del u0
         if not fused:
-            o = output_fwd(q, k, u, h, gam, opts.scale, mean=mean)
-        ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h)
+            o = output_fwd(q, k, u, h, gam, opts.scale, mean=mean, p=p)
+        ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h, p)
         ctx.opts = opts
         ctx.g_dtype = g.dtype if g is not None else None
         ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
@@ -89,14 +93,15 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, do, dht):
-        q, k, v, beta, gam, tm, w, u, h = ctx.saved_tensors
+        q, k, v, beta, gam, tm, w, u, h, p = ctx.saved_tensors
         opts = ctx.opts
         do = do.to(q.dtype).contiguous()
         dht = dht.float().contiguous() if dht is not None else None
-        # dU_local = P^T dO: its own launch, or formed inside the state pass (StateBwdLaunch.local_du)
+        # dU_local = P^T dO: its own launch, or formed inside the state pass (StateBwdLaunch.local_du),
+        # from the forward's P where it stored one (DeltaLaunch.store_p)
         local = local_du_fused(q.shape[0] * q.shape[2], q.shape[3], gam is not None)
-        du = None if local else du_local(q, k, do, gam, opts.scale)
-        du, dh, dh0 = state_bwd(q, k, w, do, du, gam, dht, opts.scale, ctx.h0_dtype is not None)
+        du = None if local else du_local(q, k, do, gam, opts.scale, p=p)
+        du, dh, dh0 = state_bwd(q, k, w, do, du, gam, dht, opts.scale, ctx.h0_dtype is not None, p=p)
         if fused_wy_bwd_applies(gam is not None, v.shape[-1]):  # DqkwLaunch.fuse_wy_bwd
             dq, dk, dv, dbeta, dg = dqkw_wy_bwd(q, k, v, beta, gam, tm, u, h, dh, do, du, opts.scale, ctx.g_dtype,
                                                 ctx.need_dg)
@@ -109,21 +114,28 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         return dq, dk, dv, dg, dbeta, dh0, None, None
 
 
+def stores_p(gated: bool) -> bool:
+    """Whether a training forward stores P for its backward (DeltaLaunch.store_p, under the
+    launch settings in effect for the op: gated_delta_rule if gated, else delta_rule)."""
+    return delta_launch(gated).store_p
+
+
 @torch.library.custom_op(op_name("delta_rule_fwd"), mutates_args=())
 def delta_rule_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None,
     scale: float, output_final_state: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """ChunkDeltaRuleFunction's forward as a custom op. q, k: [B, T, H, K], v: [B, T, H, V]
     (one dtype, contiguous); g | None, beta: [B, T, H]; initial_state [B, H, K, V] or None.
     Returns o [B, T, H, V], the final state [B, H, K, V] fp32 (a placeholder unless
     output_final_state) and what the backward reads besides the inputs: gamma [B, T, H] fp32
-    (cumulative log2-gates; a placeholder without g), Tm [B, T, H, 64], W [B, T, H, K], U [B, T, H, V] and the
-    per-chunk states h [B, H, NT, K, V] (in q's dtype)."""
+    (cumulative log2-gates; a placeholder without g), Tm [B, T, H, 64], W [B, T, H, K], U [B, T, H, V], the
+    per-chunk states h [B, H, NT, K, V] (in q's dtype) and P [B, T, H, 64] (in q's dtype; a
+    placeholder unless stores_p)."""
     ctx = FunctionContext()
     o, ht = ChunkDeltaRuleFunction.forward(ctx, q, k, v, g, beta, initial_state, DeltaOptions(scale, output_final_state))
-    gam, tm, w, u, h = ctx.saved_tensors[4:]
-    return o, or_placeholder(ht, q.device), or_placeholder(gam, q.device), tm, w, u, h
+    gam, tm, w, u, h, p = ctx.saved_tensors[4:]
+    return o, or_placeholder(ht, q.device), or_placeholder(gam, q.device), tm, w, u, h, or_placeholder(p, q.device)
 
 
 @delta_rule_fwd.register_fake
@@ -133,30 +145,33 @@ def _delta_rule_fwd_fake(q, k, v, g, beta, initial_state, scale, output_final_st
     NT = (T + CHUNK - 1) // CHUNK
     ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else placeholder(q.device)
     gam = q.new_empty(B, T, H, dtype=torch.float32) if g is not None else placeholder(q.device)
+    p = q.new_empty(B, T, H, CHUNK) if stores_p(g is not None) else placeholder(q.device)
     return (q.new_empty(B, T, H, V), ht, gam, q.new_empty(B, T, H, CHUNK), q.new_empty(B, T, H, K),
-            q.new_empty(B, T, H, V), q.new_empty(B, H, NT, K, V))
+            q.new_empty(B, T, H, V), q.new_empty(B, H, NT, K, V), p)
 
 
 @torch.library.custom_op(op_name("delta_rule_bwd"), mutates_args=())
 def delta_rule_bwd(
     do: Tensor, dht: Tensor | None, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, gam: Tensor | None,
-    tm: Tensor, w: Tensor, u: Tensor, h: Tensor, scale: float, g_dtype: torch.dtype | None,
+    tm: Tensor, w: Tensor, u: Tensor, h: Tensor, p: Tensor, scale: float, g_dtype: torch.dtype | None,
     h0_dtype: torch.dtype | None, launch: str, need_dg: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """ChunkDeltaRuleFunction's backward as a custom op: the gradients (dq, dk, dv, dg,
     dbeta, dh0) of delta_rule_fwd's inputs, shaped as those inputs; dg (in g_dtype) is a
     placeholder without a gate or where the gate wants no gradient (need_dg False: its
     kernels then skip it), dh0 (in h0_dtype) without an initial state. launch: the forward's
-    launch settings (kernels/common/launch.encode)."""
-    ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h), opts=DeltaOptions(scale, dht is not None),
-                          g_dtype=g_dtype, h0_dtype=h0_dtype, need_dg=need_dg and g_dtype is not None,
-                          launch=decode(delta_op(g_dtype is not None), launch))
+    launch settings (kernels/common/launch.encode), whose store_p says whether p is the
+    forward's P or a placeholder."""
+    settings_run = decode(delta_op(g_dtype is not None), launch)
+    ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h, present(p, settings_run.store_p)),
+                          opts=DeltaOptions(scale, dht is not None), g_dtype=g_dtype, h0_dtype=h0_dtype,
+                          need_dg=need_dg and g_dtype is not None, launch=settings_run)
     dq, dk, dv, dg, dbeta, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
     return dq, dk, dv, or_placeholder(dg, q.device), dbeta, or_placeholder(dh0, q.device)
 
 
 @delta_rule_bwd.register_fake
-def _delta_rule_bwd_fake(do, dht, q, k, v, beta, gam, tm, w, u, h, scale, g_dtype, h0_dtype, launch, need_dg=True):
+def _delta_rule_bwd_fake(do, dht, q, k, v, beta, gam, tm, w, u, h, p, scale, g_dtype, h0_dtype, launch, need_dg=True):
     B, T, H, K = q.shape
     dg = q.new_empty(B, T, H, dtype=g_dtype) if g_dtype is not None and need_dg else placeholder(q.device)
     dh0 = q.new_empty(B, H, K, v.shape[-1], dtype=h0_dtype) if h0_dtype is not None else placeholder(q.device)
@@ -165,8 +180,8 @@ def _delta_rule_bwd_fake(do, dht, q, k, v, beta, gam, tm, w, u, h, scale, g_dtyp
 
 def _delta_rule_setup(ctx, inputs, output):
     q, k, v, g, beta, initial_state, scale, output_final_state = inputs
-    _, _, gam, tm, w, u, h = output
-    ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h)
+    _, _, gam, tm, w, u, h, p = output
+    ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h, p)
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.g_dtype = g.dtype if g is not None else None
     ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
@@ -176,13 +191,13 @@ def _delta_rule_setup(ctx, inputs, output):
 
 
 def _delta_rule_backward(ctx, do, dht, *residual_grads):
-    q, k, v, beta, gam, tm, w, u, h = ctx.saved_tensors
+    q, k, v, beta, gam, tm, w, u, h, p = ctx.saved_tensors
     has_g, has_h0 = ctx.g_dtype is not None, ctx.h0_dtype is not None
     need_dg = has_g and ctx.needs_input_grad[3]
     do = do if do is not None else torch.zeros_like(v)
     dht = dht if ctx.output_final_state else None
     dq, dk, dv, dg, dbeta, dh0 = delta_rule_bwd(
-        do, dht, q, k, v, beta, present(gam, has_g), tm, w, u, h, ctx.scale, ctx.g_dtype, ctx.h0_dtype, ctx.launch,
+        do, dht, q, k, v, beta, present(gam, has_g), tm, w, u, h, p, ctx.scale, ctx.g_dtype, ctx.h0_dtype, ctx.launch,
         need_dg,
     )
     return dq, dk, dv, present(dg, need_dg), dbeta, present(dh0, has_h0), None, None

@@ -39,6 +39,7 @@ from kernels.gated_delta_rule.triton_op import (
     check_triton_inputs,
     delta_rule_apply,
     delta_rule_forward_only,
+    stores_p,
     wants_grad,
 )
 from kernels.gated_delta_rule.triton_wy import CHUNK
@@ -81,13 +82,13 @@ def _training_delta_settings(cfg: LinGdnLaunch, K: int) -> AbstractContextManage
 def lin_gdn_fwd(
     q: Tensor, k: Tensor, v: Tensor, h0: Tensor | None, k_sum0: Tensor | None, v_sum0: Tensor | None,
     scale: float, count: int, output_final_state: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The forward with its backward to come. q, k: [B, T, H, K], v: [B, T, H, V] (fp16,
     bf16 or fp32, one dtype, contiguous); h0 [B, H, K, V], k_sum0 [B, H, K], v_sum0 [B, H, V]
     fp32 or None (an empty state: count = 0). Returns o [B, T, H, V], the final h fp32 (a
     placeholder unless output_final_state), k_sum [B, H, K] and v_sum [B, H, V] fp32 after
     the last token, then what the backward reads: key, value, and the delta rule's gamma,
-    Tm, W, U and per-chunk states (delta_rule_fwd's)."""
+    Tm, W, U, per-chunk states and P (delta_rule_fwd's; P a placeholder unless stored)."""
     cfg = note_launch(OP)
     key, value, mean, k_sum, v_sum = _prepare(k, v, k_sum0, v_sum0, count, cfg)
     B, T, H = q.shape[:3]
@@ -96,8 +97,8 @@ def lin_gdn_fwd(
     with _training_delta_settings(cfg, q.shape[-1]):
         o, ht = ChunkDeltaRuleFunction.forward(ctx, q, key, value, gate, beta, h0,
                                                DeltaOptions(scale, output_final_state), mean)
-    gam, tm, w, u, h = ctx.saved_tensors[4:]
-    return o, or_placeholder(ht, q.device), k_sum, v_sum, key, value, gam, tm, w, u, h
+    gam, tm, w, u, h, p = ctx.saved_tensors[4:]
+    return o, or_placeholder(ht, q.device), k_sum, v_sum, key, value, gam, tm, w, u, h, or_placeholder(p, q.device)
 
 
 @lin_gdn_fwd.register_fake
@@ -109,13 +110,14 @@ def _lin_gdn_fwd_fake(q, k, v, h0, k_sum0, v_sum0, scale, count, output_final_st
     ht = q.new_empty(B, H, K, V, dtype=f32) if output_final_state else placeholder(q.device)
     return (q.new_empty(B, T, H, V), ht, q.new_empty(B, H, K, dtype=f32), q.new_empty(B, H, V, dtype=f32),
             q.new_empty(B, T, H, K), q.new_empty(B, T, H, V), q.new_empty(B, T, H, dtype=f32),
-            q.new_empty(B, T, H, CHUNK), q.new_empty(B, T, H, K), q.new_empty(B, T, H, V), q.new_empty(B, H, NT, K, V))
+            q.new_empty(B, T, H, CHUNK), q.new_empty(B, T, H, K), q.new_empty(B, T, H, V), q.new_empty(B, H, NT, K, V),
+            q.new_empty(B, T, H, CHUNK) if stores_p(True) else placeholder(q.device))
 
 
 @torch.library.custom_op(op_name("lin_gdn_bwd"), mutates_args=())
 def lin_gdn_bwd(
     do: Tensor, dht: Tensor | None, d_k_sum: Tensor | None, d_v_sum: Tensor | None, q: Tensor, key: Tensor,
-    value: Tensor, gam: Tensor, tm: Tensor, w: Tensor, u: Tensor, h: Tensor, scale: float, count: int,
+    value: Tensor, gam: Tensor, tm: Tensor, w: Tensor, u: Tensor, h: Tensor, p: Tensor, scale: float, count: int,
     h0_dtype: torch.dtype | None, has_k_sum0: bool, has_v_sum0: bool, launch_delta: str, launch_prep: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """lin_gdn_fwd's backward: from the cotangents of o, the final h, k_sum and v_sum (the last
@@ -124,9 +126,10 @@ def lin_gdn_bwd(
     the forward's launch settings of the delta rule and of the scans (launch.encode)."""
     B, T, H = q.shape[:3]
     _, beta = positional_gates(count, B, T, H, q.device)
-    ctx = FunctionContext((q, key, value, beta, gam, tm, w, u, h), opts=DeltaOptions(scale, dht is not None),
-                          g_dtype=torch.float32, h0_dtype=h0_dtype, need_dg=False,
-                          launch=decode(DELTA_OP, launch_delta))
+    delta_settings = decode(DELTA_OP, launch_delta)
+    ctx = FunctionContext((q, key, value, beta, gam, tm, w, u, h, present(p, delta_settings.store_p)),
+                          opts=DeltaOptions(scale, dht is not None), g_dtype=torch.float32, h0_dtype=h0_dtype,
+                          need_dg=False, launch=delta_settings)
     dq, d_key, d_value, _, _, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
     meta = (tuple(key.shape), key.dtype, key.device), (tuple(value.shape), value.dtype, value.device)
     # o = GDN(...) + vbar: vbar's cotangent is o's, read by the scan in its own dtype
@@ -137,7 +140,7 @@ def lin_gdn_bwd(
 
 
 @lin_gdn_bwd.register_fake
-def _lin_gdn_bwd_fake(do, dht, d_k_sum, d_v_sum, q, key, value, gam, tm, w, u, h, scale, count, h0_dtype,
+def _lin_gdn_bwd_fake(do, dht, d_k_sum, d_v_sum, q, key, value, gam, tm, w, u, h, p, scale, count, h0_dtype,
                       has_k_sum0, has_v_sum0, launch_delta, launch_prep):
     B, _, H, K = q.shape
     V = value.shape[-1]
@@ -160,11 +163,11 @@ def _lin_gdn_setup(ctx, inputs, output):
 
 
 def _lin_gdn_backward(ctx, do, dht, d_k_sum, d_v_sum, *residual_grads):
-    q, key, value, gam, tm, w, u, h = ctx.saved_tensors
+    q, key, value, gam, tm, w, u, h, p = ctx.saved_tensors
     do = do if do is not None else torch.zeros(q.shape[:-1] + (value.shape[-1],), dtype=q.dtype, device=q.device)
     dht = dht if ctx.output_final_state else None
     dq, dk, dv, dh0, dk_sum0, dv_sum0 = lin_gdn_bwd(
-        do, dht, d_k_sum, d_v_sum, q, key, value, gam, tm, w, u, h, ctx.scale, ctx.count, ctx.h0_dtype,
+        do, dht, d_k_sum, d_v_sum, q, key, value, gam, tm, w, u, h, p, ctx.scale, ctx.count, ctx.h0_dtype,
         *ctx.has_sums, *ctx.launch,
     )
     return (dq, dk, dv, present(dh0, ctx.h0_dtype is not None), present(dk_sum0, ctx.has_sums[0]),
