@@ -92,7 +92,11 @@ def throughput_table(results: Path, device: str, preset: str) -> str:
         f"{min(soft, default=0):.1f}-{max(soft, default=0):.1f}"
     soft_note = f" (softmax: {spread} ms)" if soft else ""
     title = f"op fwd+bwd at T = {end:,}{soft_note}" if end else "op fwd+bwd"
-    lines = ["| mixer | " + " | ".join(c[2] for c in CROSSOVER_COLUMNS) + f" | {title} |",
+    # sequences decoded at once, where every record decoded the same number
+    batches = {r.config.get("decode_batch_size") or r.config.get("batch_size") for r in newest.values()}
+    decode = f"decode step (layer, B = {min(batches):,})" if len(batches) == 1 and None not in batches else None
+    titles = [decode if phase == "decode" and decode else name for _, phase, name in CROSSOVER_COLUMNS]
+    lines = ["| mixer | " + " | ".join(titles) + f" | {title} |",
              "|---|" + "---|" * (len(CROSSOVER_COLUMNS) + 1)]
     order = sorted(newest, key=lambda m: (newest[m].metrics.get("op_crossover_T_fwdbwd") is None,
                                           newest[m].metrics.get("op_crossover_T_fwdbwd") or 0.0, m))

@@ -30,7 +30,7 @@ def test_crossovers_read_from_the_records(tmp_path):
     # never faster at the grid's end, and faster from its first length on
     assert _row(table, "lin_gdn").startswith("| lin_gdn | none ≤ 65,536 | none ≤ 65,536 |")
     assert "| ≤ 512 |" in _row(table, "lin_gdn")
-    assert "(softmax: 111.2 ms)" in table.splitlines()[0]
+    assert "| decode step (layer, B = 16) |" in table.splitlines()[0] and "(softmax: 111.2 ms)" in table.splitlines()[0]
     assert "| softmax |" not in table  # its figures are every row's baseline
     assert table.splitlines()[-1].startswith("NVIDIA H200; 2026-11-29; commits d97eecf;")
 
