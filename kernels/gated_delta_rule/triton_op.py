@@ -162,10 +162,10 @@ def delta_rule_bwd(
     kernels then skip it), dh0 (in h0_dtype) without an initial state. launch: the forward's
     launch settings (kernels/common/launch.encode), whose store_p says whether p is the
     forward's P or a placeholder."""
-    settings_run = decode(delta_op(g_dtype is not None), launch)
-    ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h, present(p, settings_run.store_p)),
+    forward_launch = decode(delta_op(g_dtype is not None), launch)
+    ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h, present(p, forward_launch.store_p)),
                           opts=DeltaOptions(scale, dht is not None), g_dtype=g_dtype, h0_dtype=h0_dtype,
-                          need_dg=need_dg and g_dtype is not None, launch=settings_run)
+                          need_dg=need_dg and g_dtype is not None, launch=forward_launch)
     dq, dk, dv, dg, dbeta, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
     return dq, dk, dv, or_placeholder(dg, q.device), dbeta, or_placeholder(dh0, q.device)
 

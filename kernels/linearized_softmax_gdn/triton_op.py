@@ -126,10 +126,10 @@ def lin_gdn_bwd(
     the forward's launch settings of the delta rule and of the scans (launch.encode)."""
     B, T, H = q.shape[:3]
     _, beta = positional_gates(count, B, T, H, q.device)
-    delta_settings = decode(DELTA_OP, launch_delta)
-    ctx = FunctionContext((q, key, value, beta, gam, tm, w, u, h, present(p, delta_settings.store_p)),
+    forward_launch = decode(DELTA_OP, launch_delta)
+    ctx = FunctionContext((q, key, value, beta, gam, tm, w, u, h, present(p, forward_launch.store_p)),
                           opts=DeltaOptions(scale, dht is not None), g_dtype=torch.float32, h0_dtype=h0_dtype,
-                          need_dg=False, launch=delta_settings)
+                          need_dg=False, launch=forward_launch)
     dq, d_key, d_value, _, _, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)
     meta = (tuple(key.shape), key.dtype, key.device), (tuple(value.shape), value.dtype, value.device)
     # o = GDN(...) + vbar: vbar's cotangent is o's, read by the scan in its own dtype
