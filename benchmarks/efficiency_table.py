@@ -24,7 +24,7 @@ from pathlib import Path
 from harness.records import RunRecord, device_type_of, load_records
 
 MIB_PER_GIB = 1024.0
-# (metric suffix of the crossover, column title), as tasks/throughput.py names them
+# (mode, phase, column title) of each crossover column, as tasks/throughput.py names them
 CROSSOVER_COLUMNS = (("op", "fwd", "op fwd"), ("op", "fwdbwd", "op fwd+bwd"), ("layer", "fwd", "layer fwd"),
                      ("layer", "fwdbwd", "layer fwd+bwd"), ("layer", "decode", "decode step (layer)"))
 
@@ -41,6 +41,7 @@ def newest_records(results: Path, task: str, device: str, preset: str) -> dict[s
 
 
 def _grid_end(rec: RunRecord, mode: str, phase: str) -> int | None:
+    """The largest T of the record's ok points of (mode, phase), or None."""
     lengths = [p["T"] for p in rec.details.get("points", [])
                if p.get("mode") == mode and p.get("phase") == phase and p.get("status") == "ok"]
     return max(lengths) if lengths else None
@@ -63,6 +64,7 @@ def crossover_cell(rec: RunRecord, mode: str, phase: str) -> str:
 
 
 def _budget_point(rec: RunRecord, mode: str, phase: str, T: int) -> dict | None:
+    """The record's point of (mode, phase) at length T of the token-budget sweep, or None."""
     for p in rec.details.get("points", []):
         if (p.get("mode"), p.get("sweep"), p.get("phase"), p.get("T")) == (mode, "budget", phase, T):
             return p
@@ -70,6 +72,7 @@ def _budget_point(rec: RunRecord, mode: str, phase: str, T: int) -> dict | None:
 
 
 def _footer(records: list[RunRecord]) -> str:
+    """The line under a table: the records' devices, dates, commits and versions."""
     devices = sorted({r.device for r in records})
     commits = sorted({r.git_commit[:7] for r in records})
     versions = sorted({", ".join(f"{k} {v}" for k, v in sorted(r.versions.items())
@@ -88,9 +91,8 @@ def throughput_table(results: Path, device: str, preset: str) -> str:
     end = max((e for e in ends.values() if e), default=None)
     soft = [p["softmax_ms"] for r in newest.values() if end
             for p in [_budget_point(r, "op", "fwdbwd", end)] if p and p.get("softmax_ms")]
-    spread = f"{min(soft):.1f}" if soft and f"{min(soft):.1f}" == f"{max(soft):.1f}" else \
-        f"{min(soft, default=0):.1f}-{max(soft, default=0):.1f}"
-    soft_note = f" (softmax: {spread} ms)" if soft else ""
+    low, high = (f"{min(soft):.1f}", f"{max(soft):.1f}") if soft else ("", "")
+    soft_note = f" (softmax: {low if low == high else f'{low}-{high}'} ms)" if soft else ""
     title = f"op fwd+bwd at T = {end:,}{soft_note}" if end else "op fwd+bwd"
     # sequences decoded at once, where every record decoded the same number
     batches = {r.config.get("decode_batch_size") or r.config.get("batch_size") for r in newest.values()}
