@@ -275,6 +275,11 @@ def run_ops() -> None:
                  "state_bwd": {"local_du": True, "min_heads": 1, "max_K": 256}} for op in ("delta_rule", "gated_delta_rule")},
            ["delta_rule", "gated_delta_rule", "linearized_softmax_gdn"])
           for how, fused in (("fused", True), ("output_fwd", False))],
+        *[(f"P formed by wy_fwd, read by the output ({how}) and the backward state pass",
+           {op: {"p_in_wy": True, "fused_fwd": {"enabled": fused, "min_heads": 1},
+                 "state_bwd": {"local_du": True, "min_heads": 1, "max_K": 256}} for op in ("delta_rule", "gated_delta_rule")},
+           ["delta_rule", "gated_delta_rule", "linearized_softmax_gdn"])
+          for how, fused in (("fused", True), ("output_fwd", False))],
         ("P stored by the forward, read by du_local",
          {op: {"store_p": True, "state_bwd": {"local_du": False}} for op in ("delta_rule", "gated_delta_rule")},
          ["delta_rule", "gated_delta_rule"]),

@@ -453,11 +453,20 @@ class DeltaLaunch:
     # exp2s fewer per V-block in the sequential pass, and q and k not read by du_local, for one
     # [B, T, H, 64] write in the forward (half a [B, T, H, 128] tensor)
     store_p: bool = False
+    # p_in_wy: P is formed by wy_fwd, parallel over chunks (one [BT, K] x [K, BT] product more
+    # there, and q read), stored for the backward as under store_p, and the output pass loads it
+    # instead of forming it inside the state pass's sequential loop or in output_fwd (which then
+    # reads no k); on, P is stored whatever store_p says
+    p_in_wy: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.heads_first_from_chunks, int) or self.heads_first_from_chunks < 0:
             raise ValueError("DeltaLaunch.heads_first_from_chunks must be a count of chunks >= 0 (0: never), "
                              f"got {self.heads_first_from_chunks!r}")
+
+    def keeps_p(self) -> bool:
+        """Whether a training forward stores P for its backward (store_p or p_in_wy)."""
+        return self.store_p or self.p_in_wy
 
     def heads_first_at(self, n_chunks: int) -> bool:
         """Whether the chunk-parallel kernels of a sequence of n_chunks chunks launch the heads

@@ -113,7 +113,7 @@ def state_fwd_kernel(
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
     FUSE_OUTPUT: tl.constexpr, STORE_STATES: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr,
-    MEAN_ACC: tl.constexpr, MEAN_STORED: tl.constexpr, STORE_P: tl.constexpr,
+    MEAN_ACC: tl.constexpr, MEAN_STORED: tl.constexpr, STORE_P: tl.constexpr, LOAD_P: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -141,10 +141,13 @@ def state_fwd_kernel(
             b_o = tl.dot(b_q, b_s.to(h.dtype.element_ty).to(dt), input_precision=PREC)
             if USE_G:
                 b_o *= tl.exp2(b_g)[:, None]
-            b_a = causal_decay(tl.dot(b_q, b_kt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
-            if STORE_P:  # P as the product below reads it, once per head (the first V-block)
-                if i_v == 0:
-                    store_tile(pm + seq * BT, b_a.to(dt), t0, 0, T, BT, H * BT, BT, BT)
+            if LOAD_P:  # P formed by wy_fwd
+                b_a = load_tile(pm + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
+            else:
+                b_a = causal_decay(tl.dot(b_q, b_kt, input_precision=PREC) * scale, b_g, b_g, True, USE_G)
+                if STORE_P:  # P as the product below reads it, once per head (the first V-block)
+                    if i_v == 0:
+                        store_tile(pm + seq * BT, b_a.to(dt), t0, 0, T, BT, H * BT, BT, BT)
             b_o = b_o * scale + tl.dot(b_a.to(dt), b_u.to(u.dtype.element_ty).to(dt), input_precision=PREC)
             if HAS_MEAN:
                 b_o = _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
@@ -167,6 +170,7 @@ def output_fwd_kernel(
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, HAS_MEAN: tl.constexpr, MEAN_DOT: tl.constexpr, MEAN_ACC: tl.constexpr,
     MEAN_STORED: tl.constexpr, PREC: tl.constexpr, HEADS_FIRST: tl.constexpr, STORE_P: tl.constexpr,
+    LOAD_P: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_t, i_bh = utils.chunk_and_head(1, HEADS_FIRST)
@@ -178,19 +182,23 @@ def output_fwd_kernel(
     b_a = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_kt = load_tile_t(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
         b_h = load_tile(p_h, i_k * BK, v0, K, V, V, BK, BV)
         b_o += tl.dot(b_q, b_h, input_precision=PREC)
-        b_a += tl.dot(b_q, b_kt, input_precision=PREC)
+        if not LOAD_P:
+            b_kt = load_tile_t(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+            b_a += tl.dot(b_q, b_kt, input_precision=PREC)
     b_g = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_g = load_gamma_rows(gam + seq, t0, T, H, BT)
         b_o *= tl.exp2(b_g)[:, None]
-    b_a = causal_decay(b_a * scale, b_g, b_g, True, USE_G)
     b_u = load_tile(u + seq * V, t0, v0, T, V, H * V, BT, BV)
-    if STORE_P:  # P as the product below reads it, once per chunk (the first V-block)
-        if i_v == 0:
-            store_tile(pm + seq * BT, b_a.to(b_u.dtype), t0, 0, T, BT, H * BT, BT, BT)
+    if LOAD_P:  # P formed by wy_fwd
+        b_a = load_tile(pm + seq * BT, t0, 0, T, BT, H * BT, BT, BT).to(tl.float32)
+    else:
+        b_a = causal_decay(b_a * scale, b_g, b_g, True, USE_G)
+        if STORE_P:  # P as the product below reads it, once per chunk (the first V-block)
+            if i_v == 0:
+                store_tile(pm + seq * BT, b_a.to(b_u.dtype), t0, 0, T, BT, H * BT, BT, BT)
     b_o = b_o * scale + tl.dot(b_a.to(b_u.dtype), b_u, input_precision=PREC)
     if HAS_MEAN:  # the running mean of mv, added before the one rounding to o's dtype
         b_o = _add_running_mean(b_o, mv, menter, seq, i_bh, i_t, t0, v0, T, NT, H, count, V, BT, BV,
@@ -233,7 +241,7 @@ def state_fwd(
     k: torch.Tensor, w: torch.Tensor, u0: torch.Tensor, gam: torch.Tensor | None,
     h0: torch.Tensor | None, output_final_state: bool,
     q: torch.Tensor | None = None, scale: float = 1.0, chunk_size: int = CHUNK, store_states: bool = True,
-    mean: RunningMean | None = None, p: torch.Tensor | None = None,
+    mean: RunningMean | None = None, p: torch.Tensor | None = None, p_formed: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Returns (h [B, H, NT, K, V] states entering each chunk, U [B, T, H, V], final state
     [B, H, K, V] fp32 or None, O [B, T, H, V] or None). h0: [B, H, K, V] fp32 contiguous or
@@ -242,7 +250,8 @@ def state_fwd(
     store_states=False (only with q: a forward no backward follows) leaves h and U unwritten
     (returned as None). p (only with q): a [B, T, H, chunk_size] buffer in q's dtype that
     receives each chunk's P = scale (Q K^T ⊙ Gamma), lower with the diagonal, row t holding
-    row (t mod chunk_size) of its chunk's (DeltaLaunch.store_p)."""
+    row (t mod chunk_size) of its chunk's (DeltaLaunch.store_p), or with p_formed holds P
+    already (wy_fwd's, DeltaLaunch.p_in_wy), which the output reads instead of forming it."""
     if p is not None and q is None:
         raise ValueError("state_fwd: p (the output's P stored) needs q (the output fused)")
     if not store_states and q is None:
@@ -271,7 +280,8 @@ def state_fwd(
         o if o is not None else u0, p if p is not None else k, mv, menter, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        STORE_STATES=store_states, **mean_flags, STORE_P=p is not None, num_warps=warps(cfg.num_warps),
+        STORE_STATES=store_states, **mean_flags, STORE_P=p is not None and not p_formed,
+        LOAD_P=p is not None and p_formed, num_warps=warps(cfg.num_warps),
         num_stages=stages,
     )
     return h, u, ht, o
@@ -280,13 +290,13 @@ def state_fwd(
 def output_fwd(
     q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, h: torch.Tensor,
     gam: torch.Tensor | None, scale: float, chunk_size: int = CHUNK, mean: RunningMean | None = None,
-    p: torch.Tensor | None = None,
+    p: torch.Tensor | None = None, p_formed: bool = False,
 ) -> torch.Tensor:
     """O = diag(2^gamma) (scale Q) S_n + (scale Q K^T ⊙ Gamma) U per chunk (+ the running
     mean of `mean`, in fp32 before O is rounded to q's dtype): [B, T, H, V].
     q, k: [B, T, H, K]; u: [B, T, H, V]; h: [B, H, NT, K, V]; gam: [B, T, H] fp32 or None;
     p: None, or a [B, T, H, chunk_size] buffer in q's dtype that receives each chunk's
-    P = scale (Q K^T ⊙ Gamma) (as state_fwd's)."""
+    P = scale (Q K^T ⊙ Gamma) (as state_fwd's), or with p_formed holds it already and is read."""
     B, T, H, K = q.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, chunk_size)
@@ -299,7 +309,8 @@ def output_fwd(
     output_fwd_kernel[utils.chunk_grid((triton.cdiv(V, BV),), NT, B * H, heads_first, "output_fwd")](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, p if p is not None else q, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None, **mean_flags,
-        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first, STORE_P=p is not None,
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first, STORE_P=p is not None and not p_formed,
+        LOAD_P=p is not None and p_formed,
         num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return o

@@ -71,14 +71,15 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions, mean: RunningMean | None = None):
         ctx.launch = note_launch(delta_op(g is not None))
         h0 = initial_state.float().contiguous() if initial_state is not None else None
-        gam, tm, w, u0 = wy_fwd(k, v, beta, g)
-        fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None)
         p = new_buffer(q.shape[:3] + (CHUNK,), q.dtype, q.device) if stores_p(g is not None) else None
+        in_wy = p is not None and delta_launch(g is not None).p_in_wy  # P formed by wy_fwd, read by the output
+        gam, tm, w, u0 = wy_fwd(k, v, beta, g, q=q if in_wy else None, scale=opts.scale, p=p if in_wy else None)
+        fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None)
         h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale,
-                                mean=mean if fused else None, p=p if fused else None)
+                                mean=mean if fused else None, p=p if fused else None, p_formed=in_wy)
         del u0
         if not fused:
-            o = output_fwd(q, k, u, h, gam, opts.scale, mean=mean, p=p)
+            o = output_fwd(q, k, u, h, gam, opts.scale, mean=mean, p=p, p_formed=in_wy)
         ctx.save_for_backward(q, k, v, beta, gam, tm, w, u, h, p)
         ctx.opts = opts
         ctx.g_dtype = g.dtype if g is not None else None
@@ -115,9 +116,9 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
 
 
 def stores_p(gated: bool) -> bool:
-    """Whether a training forward stores P for its backward (DeltaLaunch.store_p, under the
-    launch settings in effect for the op: gated_delta_rule if gated, else delta_rule)."""
-    return delta_launch(gated).store_p
+    """Whether a training forward stores P for its backward (DeltaLaunch.store_p or p_in_wy,
+    under the launch settings in effect for the op: gated_delta_rule if gated, else delta_rule)."""
+    return delta_launch(gated).keeps_p()
 
 
 @torch.library.custom_op(op_name("delta_rule_fwd"), mutates_args=())
@@ -163,7 +164,8 @@ def delta_rule_bwd(
     launch settings (kernels/common/launch.encode), whose store_p says whether p is the
     forward's P or a placeholder."""
     forward_launch = decode(delta_op(g_dtype is not None), launch)
-    ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h, present(p, forward_launch.store_p)),
+    ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h,
+                           present(p, forward_launch.keeps_p())),
                           opts=DeltaOptions(scale, dht is not None), g_dtype=g_dtype, h0_dtype=h0_dtype,
                           need_dg=need_dg and g_dtype is not None, launch=forward_launch)
     dq, dk, dv, dg, dbeta, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)

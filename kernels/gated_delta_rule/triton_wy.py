@@ -25,7 +25,7 @@ import triton.language as tl
 from kernels.common.launch import DeltaLaunch, settings
 from kernels.common.triton.gates import causal_decay, log2_gates
 from kernels.common.triton.solve import unit_lower_inverse_64
-from kernels.common.triton.tiles import load_tile, load_vec, store_tile, store_vec
+from kernels.common.triton.tiles import load_tile, load_tile_t, load_vec, store_tile, store_vec
 from kernels.common.triton.utils import block_size, chunk_and_head, chunk_grid, dot_precision, new_buffer, warps
 
 CHUNK = 64  # tokens per chunk: the blockwise solve below (kernels/common/triton/solve.py) is written for 64
@@ -65,10 +65,10 @@ def _kkt_block(b_kk, b_bi, b_gi, b_gj, DIAG: tl.constexpr, USE_G: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T"])
 def wy_fwd_kernel(
-    k, v, beta, g, gam, tm, w, u0, T, H,
+    k, v, beta, g, gam, tm, w, u0, q, pm, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, PREC: tl.constexpr, SOLVE_PREC: tl.constexpr, STORE_TM: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, STORE_P: tl.constexpr,
 ):
     i_t, i_bh = chunk_and_head(0, HEADS_FIRST)
     i_b, i_h = i_bh // H, i_bh % H
@@ -169,6 +169,27 @@ def wy_fwd_kernel(
         x2, x3 = (b_v2 * b_b2[:, None]).to(dt), (b_v3 * b_b3[:, None]).to(dt)
         _tri_apply(u0 + seq * V, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32, c33,
                    t0, T, H * V, i_v * BV, V, BV, PREC)
+    if STORE_P:  # the output's P, after the solve's blocks are dead
+        _store_output_p(q, k, g, pm, scale, seq, t0, T, H, K, BT, BK, USE_G, PREC)
+
+
+@triton.jit
+def _store_output_p(q, k, g, pm, scale, seq, t0, T, H, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                    USE_G: tl.constexpr, PREC: tl.constexpr):
+    """Chunk rows t0 .. t0 + BT - 1 of P = scale (Q K^T ⊙ 2^(gamma_i - gamma_j)), lower with the
+    diagonal, rounded to q's dtype as the output's product reads it, into pm ([B, T, H, BT]).
+    gamma is summed again over the whole chunk, in fp64 as above, so it may differ from the
+    stored one in its last fp32 bit."""
+    b_p = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_kt = load_tile_t(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_p += tl.dot(b_q, b_kt, input_precision=PREC)
+    b_g = tl.zeros([BT], dtype=tl.float32)
+    if USE_G:
+        b_g = tl.cumsum(log2_gates(load_vec(g + seq, t0, T, H, BT)).to(tl.float64), axis=0).to(tl.float32)
+    b_p = causal_decay(b_p * scale, b_g, b_g, True, USE_G)
+    store_tile(pm + seq * BT, b_p.to(q.dtype.element_ty), t0, 0, T, BT, H * BT, BT, BT)
 
 
 @triton.jit
@@ -210,12 +231,17 @@ def _tri_apply(out, x0, x1, x2, x3, c00, c10, c11, c20, c21, c22, c30, c31, c32,
 
 def wy_fwd(
     k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None, store_tm: bool = True,
+    q: torch.Tensor | None = None, scale: float = 1.0, p: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """k: [B, T, H, K], v: [B, T, H, V], beta, g: [B, T, H] (g None: ungated), contiguous.
 
     Returns (gamma [B, T, H] fp32 cumulative log2-gates or None, Tm [B, T, H, 64] or None
     unless store_tm, W [B, T, H, K], U0 [B, T, H, V]), Tm, W, U0 in k's dtype; row t of Tm
-    holds row (t mod 64) of its chunk's inverse (only the backward reads it)."""
+    holds row (t mod 64) of its chunk's inverse (only the backward reads it). With q
+    ([B, T, H, K]) and p ([B, T, H, 64] in q's dtype) each chunk's P = scale (Q K^T ⊙ Gamma)
+    is written into p too (DeltaLaunch.p_in_wy), row t holding row (t mod 64) of its chunk's."""
+    if (q is None) != (p is None):
+        raise ValueError("wy_fwd: q and p come together (P formed here needs q, and a buffer to go to)")
     B, T, H, K = k.shape
     V = v.shape[-1]
     dev, dt = k.device, k.dtype
@@ -227,9 +253,11 @@ def wy_fwd(
     cfg = launch.wy_fwd
     heads_first = launch.heads_first_at(triton.cdiv(T, CHUNK))
     wy_fwd_kernel[chunk_grid((), triton.cdiv(T, CHUNK), B * H, heads_first, "wy_fwd")](
-        k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm if store_tm else w, w, u0, T, H,
+        k, v, beta, g if g is not None else beta, gam if gam is not None else beta, tm if store_tm else w, w, u0,
+        q if q is not None else k, p if p is not None else w, scale, T, H,
         K=K, V=V, BT=CHUNK, BK=block_size(K, cfg.BK), BV=block_size(V, cfg.BV),
         USE_G=g is not None, PREC=dot_precision(dt, cfg.fp32_dots), SOLVE_PREC=solve_precision(dt, cfg.tf32_solve, cfg.fp32_dots),
-        STORE_TM=store_tm, HEADS_FIRST=heads_first, num_warps=warps(cfg.num_warps), num_stages=cfg.num_stages,
+        STORE_TM=store_tm, HEADS_FIRST=heads_first, STORE_P=p is not None, num_warps=warps(cfg.num_warps),
+        num_stages=cfg.num_stages,
     )
     return gam, tm, w, u0

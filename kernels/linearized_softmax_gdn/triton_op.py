@@ -127,7 +127,8 @@ def lin_gdn_bwd(
     B, T, H = q.shape[:3]
     _, beta = positional_gates(count, B, T, H, q.device)
     forward_launch = decode(DELTA_OP, launch_delta)
-    ctx = FunctionContext((q, key, value, beta, gam, tm, w, u, h, present(p, forward_launch.store_p)),
+    ctx = FunctionContext((q, key, value, beta, gam, tm, w, u, h,
+                           present(p, forward_launch.keeps_p())),
                           opts=DeltaOptions(scale, dht is not None), g_dtype=torch.float32, h0_dtype=h0_dtype,
                           need_dg=False, launch=forward_launch)
     dq, d_key, d_value, _, _, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)

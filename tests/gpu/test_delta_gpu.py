@@ -262,6 +262,10 @@ STORE_P_CASES = [
                                              "gdn_fp32_T300_K100_V60", "delta_fp16_T75_K64_V256")],
     ("gdn_bf16_T4100_strong", {"store_p": True, "state_bwd": {"max_K": 256}}),
     ("gdn_bf16_T4100_strong", {"store_p": True, "fused_fwd": {"enabled": True, "min_heads": 1}}),
+    *[(case, {"p_in_wy": True}) for case in ("gdn_bf16_T4100_strong", "delta_bf16_T32768", "gdn_bf16_T2100_K64_strong",
+                                             "gdn_fp32_T300_K100_V60")],
+    ("gdn_bf16_T4100_strong", {"p_in_wy": True, "fused_fwd": {"enabled": True, "min_heads": 1},
+                               "state_bwd": {"max_K": 256}}),
 ]
 
 
@@ -269,8 +273,10 @@ STORE_P_CASES = [
 def test_stored_p(case, over):
     """P stored by the training forward's output pass and read by the backward's dU_local
     (DeltaLaunch.store_p, off by default; read by du_local or by the backward state pass, and
-    stored by output_fwd or by the fused state pass's first V-block) against the default,
-    each against fp64 (over_bounds_against; the two differ in the order of P's sums only)."""
+    stored by output_fwd or by the fused state pass's first V-block), or formed by wy_fwd and
+    read by the output pass too (DeltaLaunch.p_in_wy), against the default, each against fp64
+    (over_bounds_against; the paths differ in the order of P's sums, and wy_fwd's in its gamma's
+    last fp32 bit)."""
     errors = variant_errors(case, over)
     bad = over_bounds_against(case, errors, errors_of(case))
     assert not bad, f"{case} {over}: (error, default's error) over the bounds: {bad} (all: {errors})"

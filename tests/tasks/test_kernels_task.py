@@ -176,12 +176,15 @@ def test_the_candidates_sweep_changes_one_default_a_run():
 
     plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-candidates.yaml"), "cuda")
     changed = [(p.mixer, p.config["launch"], p.config["phases"]) for p in plan.points]
-    # the defaults the untimed candidates are read against (no change), then candidates 35-37:
-    # the forward's P stored for the backward (DeltaLaunch.store_p)
+    # the defaults the untimed candidates are read against (no change), then candidates 35-40:
+    # the forward's P stored for the backward (DeltaLaunch.store_p), or formed by wy_fwd (p_in_wy)
     assert changed == [("gdn", {}, ["fwdbwd"]), ("deltanet", {}, ["fwdbwd"]),
                        ("gdn", {"gated_delta_rule": {"store_p": True}}, ["fwdbwd"]),
                        ("gdn", {"gated_delta_rule": {"store_p": True, "state_bwd": {"max_K": 256}}}, ["fwdbwd"]),
-                       ("deltanet", {"delta_rule": {"store_p": True}}, ["fwdbwd"])]
+                       ("deltanet", {"delta_rule": {"store_p": True}}, ["fwdbwd"]),
+                       ("gdn", {"gated_delta_rule": {"p_in_wy": True}}, ["fwdbwd"]),
+                       ("gdn", {"gated_delta_rule": {"p_in_wy": True, "state_bwd": {"max_K": 256}}}, ["fwdbwd"]),
+                       ("deltanet", {"delta_rule": {"p_in_wy": True}}, ["fwdbwd"])]
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
     # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64,
@@ -202,7 +205,7 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     # 29-34, no faster)
     assert (gated["dqkw"]["narrow_BV"], gated["dqkw"]["narrow_max_K"]) == (32, 64) and delta["dqkw"]["narrow_BV"] == 0
     assert not any(rule["dqkw"][name] for rule in (gated, delta) for name in ("k_loop", "fuse_wy_bwd"))
-    assert not (gated["store_p"] or delta["store_p"])  # candidates 35-37, untimed
+    assert not any(rule[name] for rule in (gated, delta) for name in ("store_p", "p_in_wy"))  # 35-40, untimed
     bwd_solve = as_dict(DEFAULTS["mesa"])["bwd_solve"]
     assert (bwd_solve["rows"], bwd_solve["narrow_rows"], bwd_solve["narrow_max_K"]) == (32, 64, 64)
     lin = as_dict(DEFAULTS["linearized_softmax_gdn"])
