@@ -28,7 +28,7 @@ import triton.language as tl
 
 from kernels.common.triton import utils
 from kernels.common.triton.gates import anticausal_decay
-from kernels.common.triton.tiles import load_gamma_rows, load_tile, load_tile_t, store_tile
+from kernels.common.triton.tiles import chunk_gram, load_gamma_rows, load_tile, load_tile_t, store_tile
 from kernels.common.triton.utils import block_size, dot_precision, full_block, new_buffer, sequential_block_v, warps
 from kernels.gated_delta_rule.triton_wy import CHUNK, delta_launch
 
@@ -48,11 +48,7 @@ def du_local_kernel(
         b_pt = load_tile_t(pm + seq * BT, t0, 0, T, BT, H * BT, BT, BT)
     else:
         # b_pt[a, b] = k_a . q_b, kept where query b >= key a
-        b_pt = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_k in range(tl.cdiv(K, BK)):
-            b_k = load_tile(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-            b_qt = load_tile_t(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-            b_pt += tl.dot(b_k, b_qt, input_precision=PREC)
+        b_pt = chunk_gram(k, q, seq, t0, T, H, K, BT, BK, PREC)
         b_g = tl.zeros([BT], dtype=tl.float32)
         if USE_G:
             b_g = load_gamma_rows(gam + seq, t0, T, H, BT)

@@ -25,7 +25,7 @@ import triton.language as tl
 from kernels.common.launch import DeltaLaunch, settings
 from kernels.common.triton.gates import causal_decay, log2_gates
 from kernels.common.triton.solve import unit_lower_inverse_64
-from kernels.common.triton.tiles import load_tile, load_tile_t, load_vec, store_tile, store_vec
+from kernels.common.triton.tiles import chunk_gram, load_tile, load_vec, store_tile, store_vec
 from kernels.common.triton.utils import block_size, chunk_and_head, chunk_grid, dot_precision, new_buffer, warps
 
 CHUNK = 64  # tokens per chunk: the blockwise solve below (kernels/common/triton/solve.py) is written for 64
@@ -180,11 +180,7 @@ def _store_output_p(q, k, g, pm, scale, seq, t0, T, H, K: tl.constexpr, BT: tl.c
     diagonal, rounded to q's dtype as the output's product reads it, into pm ([B, T, H, BT]).
     gamma is summed again over the whole chunk, in fp64 as above, so it may differ from the
     stored one in its last fp32 bit."""
-    b_p = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_q = load_tile(q + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_kt = load_tile_t(k + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
-        b_p += tl.dot(b_q, b_kt, input_precision=PREC)
+    b_p = chunk_gram(q, k, seq, t0, T, H, K, BT, BK, PREC)
     b_g = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_g = tl.cumsum(log2_gates(load_vec(g + seq, t0, T, H, BT)).to(tl.float64), axis=0).to(tl.float32)

@@ -13,6 +13,7 @@ Out-of-range elements load as zero and are not stored (load_gamma_rows excepted)
 tile's first element is addressed in int64 (row0 x stride of a long sequence of many heads
 passes 2^31), the offsets inside the tile in int32: a whole tile of int64 offsets costs
 registers that spill in the larger kernels. So BR x stride stays below 2^31.
+chunk_gram multiplies one chunk's rows of two such matrices (x y^T over K, block by block).
 """
 
 from __future__ import annotations
@@ -84,3 +85,16 @@ def store_vec(ptr, value, row0, n_rows, stride, BR: tl.constexpr):
     """Store a [BR] vector (cast to the pointer's dtype) into rows row0..row0+BR-1, in bounds only."""
     o_r = row0 + tl.arange(0, BR)
     tl.store(ptr + o_r.to(tl.int64) * stride, value.to(ptr.dtype.element_ty), mask=o_r < n_rows)
+
+
+@triton.jit
+def chunk_gram(x, y, seq, t0, T, H, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """[BT, BT] fp32: rows t0 .. t0 + BT - 1 of one head of x times the same rows of y,
+    transposed (x_a . y_b), summed over K in BK-wide blocks; x, y: [B, T, H, K] with this
+    head's row 0 at element offset seq * K. Rows past T count as zero."""
+    b_xy = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_x = load_tile(x + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_yt = load_tile_t(y + seq * K, t0, i_k * BK, T, K, H * K, BT, BK)
+        b_xy += tl.dot(b_x, b_yt, input_precision=PREC)
+    return b_xy
