@@ -224,6 +224,12 @@ def _mean_args(mean: RunningMean | None, NT: int, chunk_size: int, where: str, s
     return mean.x, mean.enter, mean.count, dict(HAS_MEAN=True, MEAN_DOT=by_dot, MEAN_ACC=into_acc, MEAN_STORED=False)
 
 
+def _p_flags(p: torch.Tensor | None, p_formed: bool) -> dict:
+    """The output kernels' STORE_P (form P and store it into p) and LOAD_P (read P from p,
+    formed by wy_fwd where p_formed); both off without p."""
+    return dict(STORE_P=p is not None and not p_formed, LOAD_P=p is not None and p_formed)
+
+
 def _fused_settings(launch, inference: bool):
     """The fused state pass's settings: without a backward to come (infer_fused) or with one."""
     return launch.infer_fused if inference else launch.fused_fwd
@@ -280,8 +286,7 @@ def state_fwd(
         o if o is not None else u0, p if p is not None else k, mv, menter, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=full_block(K), BV=BV, USE_G=gam is not None, HAS_H0=h0 is not None,
         STORE_HT=output_final_state, PREC=dot_precision(dt, cfg.fp32_dots), FUSE_OUTPUT=q is not None,
-        STORE_STATES=store_states, **mean_flags, STORE_P=p is not None and not p_formed,
-        LOAD_P=p is not None and p_formed, num_warps=warps(cfg.num_warps),
+        STORE_STATES=store_states, **mean_flags, **_p_flags(p, p_formed), num_warps=warps(cfg.num_warps),
         num_stages=stages,
     )
     return h, u, ht, o
@@ -309,8 +314,7 @@ def output_fwd(
     output_fwd_kernel[utils.chunk_grid((triton.cdiv(V, BV),), NT, B * H, heads_first, "output_fwd")](
         q, k, u, h, gam if gam is not None else q, mv, menter, o, p if p is not None else q, scale, T, NT, H, count,
         K=K, V=V, BT=chunk_size, BK=block_size(K, cfg.BK), BV=BV, USE_G=gam is not None, **mean_flags,
-        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first, STORE_P=p is not None and not p_formed,
-        LOAD_P=p is not None and p_formed,
+        PREC=dot_precision(q.dtype, cfg.fp32_dots), HEADS_FIRST=heads_first, **_p_flags(p, p_formed),
         num_warps=warps(cfg.warps_for(BV)), num_stages=cfg.num_stages,
     )
     return o

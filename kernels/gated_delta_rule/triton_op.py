@@ -71,8 +71,8 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions, mean: RunningMean | None = None):
         ctx.launch = note_launch(delta_op(g is not None))
         h0 = initial_state.float().contiguous() if initial_state is not None else None
-        p = new_buffer(q.shape[:3] + (CHUNK,), q.dtype, q.device) if stores_p(g is not None) else None
-        in_wy = p is not None and delta_launch(g is not None).p_in_wy  # P formed by wy_fwd, read by the output
+        p = new_buffer(q.shape[:3] + (CHUNK,), q.dtype, q.device) if ctx.launch.keeps_p() else None
+        in_wy = ctx.launch.p_in_wy  # P formed by wy_fwd, read by the output
         gam, tm, w, u0 = wy_fwd(k, v, beta, g, q=q if in_wy else None, scale=opts.scale, p=p if in_wy else None)
         fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None)
         h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale,
