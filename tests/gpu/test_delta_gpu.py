@@ -282,6 +282,17 @@ def test_stored_p(case, over):
     assert not bad, f"{case} {over}: (error, default's error) over the bounds: {bad} (all: {errors})"
 
 
+@pytest.mark.parametrize("case", ["gdn_bf16_T4100_strong", "delta_bf16_T32768", "gdn_bf16_T2100_K64_strong",
+                                  "gdn_fp32_T300_K100_V60", "delta_fp16_T75_K64_V256"])
+def test_wy_fwd_one_warp(case):
+    """The WY preparation on one warp a program (wy_fwd num_warps 1, a candidate; the default
+    is 2) against the default, each against fp64 (over_bounds_against; the same products over
+    another split of the tiles among threads, so the sums may round in another order)."""
+    errors = variant_errors(case, {"wy_fwd": {"num_warps": 1}})
+    bad = over_bounds_against(case, errors, errors_of(case))
+    assert not bad, f"{case} wy_fwd on one warp: (error, default's error) over the bounds: {bad} (all: {errors})"
+
+
 @pytest.mark.parametrize("case", ["delta_bf16_T32768", "delta_fp16_T75_K64_V256", "gdn_bf16_T4100_strong"])
 def test_wy_bwd_without_readback(case):
     """The WY backward forming dM^T again from transposed products (WyBwdLaunch.dm_readback
