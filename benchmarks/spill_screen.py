@@ -8,7 +8,7 @@ of that version) to see that compiler's code.
     python benchmarks/spill_screen.py --head-dim 64 --value-dim 128 --dtype fp32 --matmul-precision high \
         --batch 2 --seq-len 256 --default-only --out F.json   # the MQAR shape, fp32 with TF32 dots
 
-A variant is one kernel's field changes (kernels/common/launch.py); each is compiled once.
+A variant is one kernel's field changes (kernels/common/launch/); each is compiled once.
 Spilling is a hint where to look, not a time: the kernels task times candidates on the GPU.
 """
 

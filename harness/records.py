@@ -50,7 +50,7 @@ class RunRecord(BaseModel):
     status: Literal["ok", "failed", "diverged", "oom"]  # diverged: training became non-finite; oom: out of memory
     error: str | None = None
     wandb: dict[str, str] | None = None  # the wandb run: id, path (entity/project/id), local folder
-    # op -> the launch settings (kernels/common/launch.py, as nested dicts) its Triton kernels
+    # op -> the launch settings (kernels/common/launch/, as nested dicts) its Triton kernels
     # ran with in this run; None for a run that ran no Triton kernel
     launch: dict[str, dict[str, Any]] | None = None
 

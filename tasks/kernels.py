@@ -10,7 +10,7 @@ the backend that ran it; the record's backend is the one "auto" picks here, whos
 the record's metrics.
 
 `launch` changes the Triton kernels' launch settings for the run (op -> field changes, as
-kernels/common/launch.py's with_changes takes them), so a sweep's `vary` times variants:
+kernels.common.launch.with_changes takes them), so a sweep's `vary` times variants:
 
     vary: {launch.gated_delta_rule.wy_fwd.BK: [32, 64, 128]}
 
@@ -63,7 +63,7 @@ class KernelsConfig(TaskConfig):
     mixer: dict[str, Any] = Field(default_factory=dict, description="options of the mixer whose op is timed")
     launch: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description="launch-setting changes per op, e.g. {gated_delta_rule: {wy_fwd: {BK: 32}}} (kernels/common/launch.py)")
+        description="launch-setting changes per op, e.g. {gated_delta_rule: {wy_fwd: {BK: 32}}} (kernels/common/launch/)")
     timing: TimingConfig = Field(default_factory=TimingConfig)
     profile: int = Field(0, ge=0, description="record each point's top N kernels (CUDA) or operators (CPU) "
                          "by time per call, under torch.profiler after the timing (tasks/common/kernel_profile.py); "

@@ -1,4 +1,4 @@
-"""Launch-setting overrides the kernel tests share (kernels/common/launch.py), as the
+"""Launch-setting overrides the kernel tests share (kernels/common/launch/), as the
 mappings of changes launch_settings takes, and LaunchSpy, which shows a test what a kernel
 was launched with."""
 

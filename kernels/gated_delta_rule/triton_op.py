@@ -28,7 +28,7 @@ chunk's (I + A)^{-1} well conditioned, while beta ||k||^2 <= 2.
 ChunkDeltaRuleFunction runs inside the custom ops delta_rule_fwd / delta_rule_bwd
 (kernels/common/custom_op.py) so that torch.compile traces the Triton path as opaque nodes;
 `delta_rule_apply` is the differentiable entry. The forward runs under the launch
-settings in effect for its op (kernels/common/launch.py: gated_delta_rule with a gate,
+settings in effect for its op (kernels/common/launch/: gated_delta_rule with a gate,
 delta_rule without) and the backward under the same ones, which the custom ops pass on as a
 JSON string (autograd may run the backward on another thread).
 """

@@ -38,7 +38,7 @@ def delta_op(gated: bool) -> str:
 
 
 def delta_launch(gated: bool) -> DeltaLaunch:
-    """The delta-rule kernels' launch settings in effect (kernels/common/launch.py)."""
+    """The delta-rule kernels' launch settings in effect (kernels/common/launch/)."""
     return settings(delta_op(gated))
 
 

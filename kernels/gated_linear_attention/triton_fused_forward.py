@@ -16,7 +16,7 @@ instead of the scaled keys to 16 bits before the product, so there the states di
 it by that rounding). The price is recomputing A once per
 V-block and fewer programs (B * H * V-blocks): with few sequences the chunks of one
 program run one after another. ChunkLaunch.fwd_fused (and its _scalar / _vector
-fields, kernels/common/launch.py) say when it is used: from min_heads sequences (B * H) on. Below that, with
+fields, kernels/common/launch/) say when it is used: from min_heads sequences (B * H) on. Below that, with
 "segment_programs" > 0, each sequence is cut into segments of chunks that run in parallel,
 each from its entering state (triton_segments.py: two cheap passes first), until about that many
 programs run; with 0 the two-kernel forward runs instead.

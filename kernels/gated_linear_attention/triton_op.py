@@ -3,7 +3,7 @@
 ChunkGatedLinearAttentionFunction (triton_function.py) runs inside the custom ops gla_fwd /
 gla_bwd (kernels/common/custom_op.py) so that torch.compile traces the Triton path as
 opaque nodes; `gla_apply` is the differentiable entry, shared with linear attention.
-The forward op runs under the launch settings in effect (kernels/common/launch.py) and
+The forward op runs under the launch settings in effect (kernels/common/launch/) and
 hands them to the backward op as a JSON string (`launch`), which may run on another thread.
 """
 

@@ -15,7 +15,7 @@ Layouts: k, q: [B, T, H, K]; v, do: [B, T, H, V]; gamma: [B, T, H] or [B, T, H, 
 log2 units (chunk_local_cumsum); per-chunk states: [B, H, NT, K, V] in `state_dtype`;
 h0, ht, dht, dh0: [B, H, K, V] fp32. Each program owns one (K-block, V-block) of one head
 and walks the chunks in order, keeping its block of the state in fp32 registers; tile
-widths and launch settings come from the ChunkLaunch in effect (kernels/common/launch.py).
+widths and launch settings come from the ChunkLaunch in effect (kernels/common/launch/).
 """
 
 from __future__ import annotations

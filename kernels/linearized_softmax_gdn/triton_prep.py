@@ -191,7 +191,7 @@ def running_mean_bwd_kernel(
 
 
 def prep_launch() -> PrepLaunch:
-    """The running-mean kernels' launch settings in effect (kernels/common/launch.py)."""
+    """The running-mean kernels' launch settings in effect (kernels/common/launch/)."""
     return settings("linearized_softmax_gdn").prep
 
 

@@ -9,7 +9,7 @@ Backward: Y = M^{-1} dX (adjoint CG), dq, e, dlamb       (triton_solve.mesa_bwd_
 
 States, CG iterates and every accumulation are fp32. Dot precision: "ieee" (true fp32) for
 fp32 inputs; for fp16/bf16 inputs the launch settings pick it (MesaLaunch in
-kernels/common/launch.py: tf32 tensor cores by default, about 5e-4 relative per product,
+kernels/common/launch/: tf32 tensor cores by default, about 5e-4 relative per product,
 far below bf16's rounding; tf32x3 is about fp32 but needs more shared memory than a CG
 program of 64 rows has). The forward runs under the settings in effect for "mesa" and
 keeps them in ctx.launch for the backward.

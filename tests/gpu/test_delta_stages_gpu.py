@@ -84,7 +84,7 @@ MISCOMPILED = {"bf16_K256_V32_narrow4": ("dk", "dv", "dbeta", "dg"),
 def test_kernel_output(case, output, request):
     if output in MISCOMPILED.get(case, ()):
         request.applymarker(pytest.mark.xfail(reason=f"{case}: the Hopper miscompile of wy_bwd that "
-                                              "kernels/common/launch.py's WyBwdLaunch avoids", strict=False))
+                                              "kernels/common/launch/delta.py's WyBwdLaunch avoids", strict=False))
     errors = errors_of(case)
     dtype = CASES[case][5]
     assert errors[output] < TOL[dtype], f"{case} {output}: {errors[output]:.3e} >= {TOL[dtype]} (all: {errors})"

@@ -1,5 +1,5 @@
 """The run record's `launch` field: the launch settings of every Triton op a run used
-(kernels/common/launch.py), None for a run that used none."""
+(kernels/common/launch/), None for a run that used none."""
 
 from __future__ import annotations
 

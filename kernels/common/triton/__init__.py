@@ -13,7 +13,7 @@ use exp2): gamma = chunk_local_cumsum(g, BT, scale=LOG2E).
     solve.py     the chunk's triangular solve (delta rules)
 
 Launch settings (tile caps, warps, stages, switches) are frozen objects in
-kernels/common/launch.py, read through launch.settings(op) where a kernel is launched.
+kernels/common/launch/, read through launch.settings(op) where a kernel is launched.
 
 Importing this package imports triton: callers import it lazily (triton is optional).
 """

@@ -2,7 +2,7 @@
 the chunk-parallel kernels' launch grids.
 
 The gate unit (log2 gates, exp2 decays, the gate floor and gate modes) is gates.py; the
-masked loads and stores are tiles.py; launch settings are kernels/common/launch.py."""
+masked loads and stores are tiles.py; launch settings are kernels/common/launch/."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def chunk_op(gate: int) -> str:
 
 
 def chunk_launch(gate: int) -> ChunkLaunch:
-    """The chunk pipeline's launch settings in effect for a gate mode (kernels/common/launch.py)."""
+    """The chunk pipeline's launch settings in effect for a gate mode (kernels/common/launch/)."""
     return settings(chunk_op(gate))
 
 
