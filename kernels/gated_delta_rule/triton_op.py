@@ -71,8 +71,9 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, initial_state, opts: DeltaOptions, mean: RunningMean | None = None):
         ctx.launch = note_launch(delta_op(g is not None))
         h0 = initial_state.float().contiguous() if initial_state is not None else None
-        p = new_buffer(q.shape[:3] + (CHUNK,), q.dtype, q.device) if ctx.launch.keeps_p() else None
-        in_wy = ctx.launch.p_in_wy  # P formed by wy_fwd, read by the output
+        K = q.shape[-1]
+        p = new_buffer(q.shape[:3] + (CHUNK,), q.dtype, q.device) if ctx.launch.keeps_p(K) else None
+        in_wy = ctx.launch.p_in_wy_at(K)  # P formed by wy_fwd, read by the output
         gam, tm, w, u0 = wy_fwd(k, v, beta, g, q=q if in_wy else None, scale=opts.scale, p=p if in_wy else None)
         fused = fused_output_applies(q.shape[0] * q.shape[2], g is not None)
         h, u, ht, o = state_fwd(k, w, u0, gam, h0, opts.output_final_state, q if fused else None, opts.scale,
@@ -115,10 +116,11 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         return dq, dk, dv, dg, dbeta, dh0, None, None
 
 
-def stores_p(gated: bool) -> bool:
-    """Whether a training forward stores P for its backward (DeltaLaunch.store_p or p_in_wy,
-    under the launch settings in effect for the op: gated_delta_rule if gated, else delta_rule)."""
-    return delta_launch(gated).keeps_p()
+def stores_p(gated: bool, K: int) -> bool:
+    """Whether a training forward at head dim K stores P for its backward (DeltaLaunch.store_p
+    or p_in_wy, under the launch settings in effect for the op: gated_delta_rule if gated, else
+    delta_rule)."""
+    return delta_launch(gated).keeps_p(K)
 
 
 @torch.library.custom_op(op_name("delta_rule_fwd"), mutates_args=())
@@ -146,7 +148,7 @@ def _delta_rule_fwd_fake(q, k, v, g, beta, initial_state, scale, output_final_st
     NT = (T + CHUNK - 1) // CHUNK
     ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else placeholder(q.device)
     gam = q.new_empty(B, T, H, dtype=torch.float32) if g is not None else placeholder(q.device)
-    p = q.new_empty(B, T, H, CHUNK) if stores_p(g is not None) else placeholder(q.device)
+    p = q.new_empty(B, T, H, CHUNK) if stores_p(g is not None, K) else placeholder(q.device)
     return (q.new_empty(B, T, H, V), ht, gam, q.new_empty(B, T, H, CHUNK), q.new_empty(B, T, H, K),
             q.new_empty(B, T, H, V), q.new_empty(B, H, NT, K, V), p)
 
@@ -165,7 +167,7 @@ def delta_rule_bwd(
     forward's P or a placeholder."""
     forward_launch = decode(delta_op(g_dtype is not None), launch)
     ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h,
-                           present(p, forward_launch.keeps_p())),
+                           present(p, forward_launch.keeps_p(q.shape[-1]))),
                           opts=DeltaOptions(scale, dht is not None), g_dtype=g_dtype, h0_dtype=h0_dtype,
                           need_dg=need_dg and g_dtype is not None, launch=forward_launch)
     dq, dk, dv, dg, dbeta, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)

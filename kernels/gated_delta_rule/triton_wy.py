@@ -253,7 +253,7 @@ def wy_fwd(
         q if q is not None else k, p if p is not None else w, scale, T, H,
         K=K, V=V, BT=CHUNK, BK=block_size(K, cfg.BK), BV=block_size(V, cfg.BV),
         USE_G=g is not None, PREC=dot_precision(dt, cfg.fp32_dots), SOLVE_PREC=solve_precision(dt, cfg.tf32_solve, cfg.fp32_dots),
-        STORE_TM=store_tm, HEADS_FIRST=heads_first, STORE_P=p is not None, num_warps=warps(cfg.num_warps),
+        STORE_TM=store_tm, HEADS_FIRST=heads_first, STORE_P=p is not None, num_warps=warps(cfg.warps_at(K)),
         num_stages=cfg.num_stages,
     )
     return gam, tm, w, u0

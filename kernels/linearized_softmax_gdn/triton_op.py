@@ -111,7 +111,7 @@ def _lin_gdn_fwd_fake(q, k, v, h0, k_sum0, v_sum0, scale, count, output_final_st
     return (q.new_empty(B, T, H, V), ht, q.new_empty(B, H, K, dtype=f32), q.new_empty(B, H, V, dtype=f32),
             q.new_empty(B, T, H, K), q.new_empty(B, T, H, V), q.new_empty(B, T, H, dtype=f32),
             q.new_empty(B, T, H, CHUNK), q.new_empty(B, T, H, K), q.new_empty(B, T, H, V), q.new_empty(B, H, NT, K, V),
-            q.new_empty(B, T, H, CHUNK) if stores_p(True) else placeholder(q.device))
+            q.new_empty(B, T, H, CHUNK) if stores_p(True, K) else placeholder(q.device))
 
 
 @torch.library.custom_op(op_name("lin_gdn_bwd"), mutates_args=())
@@ -128,7 +128,7 @@ def lin_gdn_bwd(
     _, beta = positional_gates(count, B, T, H, q.device)
     forward_launch = decode(DELTA_OP, launch_delta)
     ctx = FunctionContext((q, key, value, beta, gam, tm, w, u, h,
-                           present(p, forward_launch.keeps_p())),
+                           present(p, forward_launch.keeps_p(q.shape[-1]))),
                           opts=DeltaOptions(scale, dht is not None), g_dtype=torch.float32, h0_dtype=h0_dtype,
                           need_dg=False, launch=forward_launch)
     dq, d_key, d_value, _, _, dh0, _, _ = ChunkDeltaRuleFunction.backward(ctx, do, dht)

@@ -208,7 +208,12 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     # 29-34, no faster)
     assert (gated["dqkw"]["narrow_BV"], gated["dqkw"]["narrow_max_K"]) == (32, 64) and delta["dqkw"]["narrow_BV"] == 0
     assert not any(rule["dqkw"][name] for rule in (gated, delta) for name in ("k_loop", "fuse_wy_bwd"))
-    assert not any(rule[name] for rule in (gated, delta) for name in ("store_p", "p_in_wy"))  # 35-40, untimed
+    # P formed by wy_fwd for GDN above K = 64 (candidate 38; 35-37, 39-40 slower); wy_fwd on one
+    # warp up to K = 64 for both rules (41-42)
+    assert (gated["p_in_wy"], gated["p_above_K"], gated["store_p"]) == (True, 64, False)
+    assert not delta["p_in_wy"] and not delta["store_p"]
+    for rule in (delta, gated):
+        assert (rule["wy_fwd"]["num_warps"], rule["wy_fwd"]["narrow_num_warps"], rule["wy_fwd"]["narrow_max_K"]) == (2, 1, 64)
     bwd_solve = as_dict(DEFAULTS["mesa"])["bwd_solve"]
     assert (bwd_solve["rows"], bwd_solve["narrow_rows"], bwd_solve["narrow_max_K"]) == (32, 64, 64)
     lin = as_dict(DEFAULTS["linearized_softmax_gdn"])

@@ -110,6 +110,15 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
         # settings, without it at 32k: forward+backward 7.06 -> 7.26 ms at K = 128, 7.08 -> 7.43 at
         # K = 64, the forward within 0.5 % (records 20261207T144331, T144449)
         heads_first_from_chunks=256,
+        # P formed by wy_fwd and read by the output pass and dU_local above K = 64: forward+backward
+        # at K = 128, T = 2k / 8k / 32k 5.51 / 5.57 / 5.44 -> 5.29 / 5.56 / 5.37 ms (the fused
+        # pass at 2k 1,185 -> 921 us, du_local 347 -> 221, wy_fwd 526 -> 704); at K = 64 slower,
+        # 4.78 / 4.93 / 5.57 -> 5.26 / 5.50 / 5.69 (wy_fwd 973 -> 1,287 at 2k); P stored by the
+        # output pass instead (store_p) was slower at 2k (5.72: the fused pass 1,533 us) and gained
+        # 1 % at 8k and 32k (one H100, Triton 3.7.1, records 20261207T222310-T222500; GPU-tested
+        # 2026-12-07)
+        p_in_wy=True,
+        p_above_K=64,
     ),
     "mesa": MesaLaunch(),
     # the running-mean scans in segments of 2,048 rows where at most 64 sequences of heads run:

@@ -19,9 +19,21 @@ from kernels.common.launch.base import (
 @dataclasses.dataclass(frozen=True)
 class WyFwdLaunch(TileLaunch):
     """The delta rules' per-chunk WY preparation. tf32_solve: the chunk inverse of 16-bit
-    inputs on tf32 tensor cores (the inverse is rounded to 16 bits anyway); False: true fp32."""
+    inputs on tf32 tensor cores (the inverse is rounded to 16 bits anyway); False: true fp32.
+    narrow_num_warps (0: num_warps) is the warps of a program at head dims up to narrow_max_K
+    (warps_at)."""
 
     tf32_solve: bool = True
+    narrow_num_warps: int = 0
+    narrow_max_K: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_pow2(self, "narrow_num_warps", (0, 1, 2, 4, 8, 16, 32))
+
+    def warps_at(self, K: int) -> int:
+        """num_warps of a launch at head dim K."""
+        return self.narrow_num_warps if self.narrow_num_warps and K <= self.narrow_max_K else self.num_warps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +175,14 @@ class DeltaLaunch:
 
     # 2 warps and the tf32 solve: 1.54 -> 0.55 ms at T = 8192, bf16; 3 stages: 560 / 583 / 596
     # -> 491 / 502 / 511 us at T = 2k / 8k / 32k, K = 128 (one H100, DeltaNet), unchanged at 64
-    wy_fwd: WyFwdLaunch = WyFwdLaunch(BK=64, BV=64, num_warps=2, num_stages=3, tf32_solve=True)
+    # One warp a program up to K = 64: a program takes about the same time at K = 64 as at 128
+    # (a chunk's gates and 64 x 64 solve bound it, not K), and the kernel holds 255 registers
+    # at 1, 2 or 4 warps, so one warp fits twice the programs of two on an SM. wy_fwd at T = 2k /
+    # 8k / 32k, K = 64 (32 heads): GDN 973 / 1,038 / 1,065 -> 722 / 747 / 696 us (forward+backward
+    # 4.78 / 4.93 / 5.57 -> 4.53 / 4.67 / 5.22 ms), DeltaNet 876 / 938 / 953 -> 663 / 684 / 640;
+    # at K = 128 one warp was slower (GDN 526 / 547 / 532 -> 551 / 566 / 539; one H100, Triton
+    # 3.7.1, records 20261207T222310-T222543; GPU-tested 2026-12-07)
+    wy_fwd: WyFwdLaunch = WyFwdLaunch(BK=64, BV=64, num_warps=2, num_stages=3, tf32_solve=True, narrow_num_warps=1)
     # 3 stages: 990 -> 656 us at 32k, K = 128, and 818 -> 559 at K = 64 (32 and 64 sequences
     # of heads, each program walking 512 chunks); 2k and 8k unchanged but K = 64 at 8k (489 -> 592)
     state_fwd: StatePassLaunch = StatePassLaunch(BV=64, num_warps=4, num_stages=3)
@@ -221,15 +240,23 @@ class DeltaLaunch:
     # instead of forming it inside the state pass's sequential loop or in output_fwd (which then
     # reads no k); on, P is stored whatever store_p says
     p_in_wy: bool = False
+    # store_p and p_in_wy hold at head dims above p_above_K only (0: every head dim)
+    p_above_K: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.p_above_K, int) or self.p_above_K < 0:
+            raise ValueError(f"DeltaLaunch.p_above_K must be a head dim >= 0 (0: every one), got {self.p_above_K!r}")
         if not isinstance(self.heads_first_from_chunks, int) or self.heads_first_from_chunks < 0:
             raise ValueError("DeltaLaunch.heads_first_from_chunks must be a count of chunks >= 0 (0: never), "
                              f"got {self.heads_first_from_chunks!r}")
 
-    def keeps_p(self) -> bool:
-        """Whether a training forward stores P for its backward (store_p or p_in_wy)."""
-        return self.store_p or self.p_in_wy
+    def keeps_p(self, K: int) -> bool:
+        """Whether a training forward at head dim K stores P for its backward (store_p or p_in_wy)."""
+        return (self.store_p or self.p_in_wy) and K > self.p_above_K
+
+    def p_in_wy_at(self, K: int) -> bool:
+        """Whether wy_fwd forms P for a training forward at head dim K (p_in_wy)."""
+        return self.p_in_wy and K > self.p_above_K
 
     def heads_first_at(self, n_chunks: int) -> bool:
         """Whether the chunk-parallel kernels of a sequence of n_chunks chunks launch the heads

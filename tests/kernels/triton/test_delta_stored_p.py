@@ -18,11 +18,11 @@ from tests.util import TOL, rel_err
 
 
 def _store_p(fused: bool, local: bool, V: int, in_wy: bool = False) -> dict:
-    """Launch changes: P stored by the output pass (or formed by wy_fwd where in_wy), the
-    output fused into the state pass or not, dU_local formed in the backward state pass or by
-    du_local; 16-column state blocks where V = 64, so that several V-block programs run and
-    only the first stores P."""
-    return {"store_p": not in_wy, "p_in_wy": in_wy,
+    """Launch changes: P stored by the output pass (or formed by wy_fwd where in_wy) at every
+    head dim, the output fused into the state pass or not, dU_local formed in the backward
+    state pass or by du_local; 16-column state blocks where V = 64, so that several V-block
+    programs run and only the first stores P."""
+    return {"store_p": not in_wy, "p_in_wy": in_wy, "p_above_K": 0,
             "fused_fwd": {"enabled": fused, "min_heads": 1, "BV": 16 if V == 64 else 64},
             "state_bwd": {"local_du": local, "min_heads": 1, "max_K": 256}}
 
@@ -94,7 +94,7 @@ def test_stored_p_gives_the_gradients_of_p_formed_again(launch, gated, in_wy):
     for store in (False, True):
         with torch.enable_grad():
             leaves = {n: t.detach().clone().requires_grad_(True) for n, t in tensors.items()}
-            launch(**each(DELTA_OPS, {"store_p": store and not in_wy, "p_in_wy": store and in_wy,
+            launch(**each(DELTA_OPS, {"store_p": store and not in_wy, "p_in_wy": store and in_wy, "p_above_K": 0,
                                       "state_bwd": {"local_du": True, "min_heads": 1, "max_K": 256}}))
             o, ht = op(**leaves, initial_state=h0, output_final_state=True, backend="triton")
             gen = torch.Generator().manual_seed(96)
@@ -135,3 +135,26 @@ def test_opcheck_with_stored_p(launch, gated, in_wy):
     t = {n: x.requires_grad_() for n, x in tensors.items()}
     torch.library.opcheck(delta_rule_fwd, (t["q"], t["k"], t["v"], t.get("g"), t["beta"],
                                            h0.requires_grad_() if gated else None, 0.3, gated))
+
+
+@pytest.mark.parametrize("K, kept", [(32, False), (64, False), (100, True)])
+def test_p_kept_above_its_head_dim_only(compare, launch, monkeypatch, K, kept):
+    """p_above_K 64 (GDN's default with p_in_wy): at head dims up to 64 wy_fwd forms no P, the
+    output forms its own, the backward reads none and the custom op returns a placeholder; above
+    it P travels as under p_in_wy. The gradients hold against the reference either way."""
+    from kernels.gated_delta_rule import triton_fwd, triton_wy
+    from kernels.gated_delta_rule.triton_op import delta_rule_fwd
+
+    seen = []
+    monkeypatch.setattr(triton_wy, "wy_fwd_kernel",
+                        LaunchSpy(triton_wy.wy_fwd_kernel, lambda kw: seen.append(("wy stores", kw["STORE_P"]))))
+    monkeypatch.setattr(triton_fwd, "output_fwd_kernel", LaunchSpy(
+        triton_fwd.output_fwd_kernel, lambda kw: seen.append(("output loads", kw["LOAD_P"]))))
+    launch(**each(DELTA_OPS, {"p_in_wy": True, "p_above_K": 64, "fused_fwd": {"enabled": False}}))
+    tensors, h0 = make_inputs(1, 70, 2, K, 16, torch.float32, seed=97)
+    q, k, v, g, beta = (tensors[n].contiguous() for n in ("q", "k", "v", "g", "beta"))
+    p = delta_rule_fwd(q, k, v, 6 * g, beta, h0, 0.3, False)[-1]
+    assert sorted(seen) == [("output loads", kept), ("wy stores", kept)], seen
+    assert p.shape == ((1, 70, 2, 64) if kept else (0,)), p.shape
+    tensors["g"] = 6 * tensors["g"]
+    compare(gated_delta_rule, tensors, h0, TOL[torch.float32])
