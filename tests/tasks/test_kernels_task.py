@@ -177,9 +177,11 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     plan = expand(load_sweep(Path(__file__).parents[2] / "configs" / "kernels-launch-candidates.yaml"), "cuda")
     changed = [(p.mixer, p.config["launch"], p.config["phases"]) for p in plan.points]
     # the defaults the untimed candidates are read against (no change), then candidate 43: GDN's
-    # training forward fused from 128 sequences of heads, P coming from wy_fwd
+    # training forward fused from 128 sequences of heads, P coming from wy_fwd; 44: lin_gdn with
+    # GDN's P formed by wy_fwd (its default now, untimed for lin_gdn) and without
     assert changed == [("gdn", {}, ["fwdbwd"]), ("deltanet", {}, ["fwdbwd"]),
-                       ("gdn", {"gated_delta_rule": {"fused_fwd": {"min_heads": 128}}}, ["fwdbwd"])]
+                       ("gdn", {"gated_delta_rule": {"fused_fwd": {"min_heads": 128}}}, ["fwdbwd"]),
+                       ("lin_gdn", {}, ["fwdbwd"]), ("lin_gdn", {"gated_delta_rule": {"p_in_wy": False}}, ["fwdbwd"])]
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
     # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64,
