@@ -92,6 +92,17 @@ def worker(op: str, T: int, heads: list[str], index: int, count: int) -> None:
           f"{time.time() - started:.0f} s", flush=True)
 
 
+def processes_for(requested: int, gpu_gib: float, gib_per_proc: float) -> int:
+    """How many worker processes run at once: `requested`, cut to one per gib_per_proc GiB of
+    the GPU's memory (each worker holds one op's inputs, intermediates and gradients at the
+    gpu shape, several GiB: fourteen GDN workers ran an H100's 80 GB out of memory on
+    2026-12-07), at least one."""
+    if requested < 1 or gib_per_proc <= 0:
+        raise ValueError(f"processes_for: requested {requested} must be >= 1 and gib_per_proc "
+                         f"{gib_per_proc} > 0")
+    return max(1, min(requested, int(gpu_gib // gib_per_proc)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", default="gla_vector", choices=sorted(OPS))
@@ -100,6 +111,8 @@ def main() -> None:
     ap.add_argument("--heads", default="16x128", help="comma-separated head shapes among "
                     f"{sorted(HEADS)} (heads x head dim)")
     ap.add_argument("--procs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("--gib-per-proc", type=float, default=8.0, help="GPU memory a worker may hold (GiB): "
+                    "--procs is cut to the GPU's memory over this")
     ap.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not os.environ.get("TRITON_CACHE_DIR"):
@@ -111,6 +124,16 @@ def main() -> None:
     if args.shard is not None:
         worker(args.op, args.T, heads, args.shard, args.procs)
         return
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("fla_warm_compile: no CUDA GPU here; it compiles FLA's kernels on the GPU the kernels task will time")
+    gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    procs = processes_for(args.procs, gpu_gib, args.gib_per_proc)
+    if procs < args.procs:
+        print(f"fla_warm_compile: --procs {args.procs} cut to {procs}: {gpu_gib:.0f} GiB of GPU memory at "
+              f"{args.gib_per_proc:g} GiB a worker", flush=True)
+    args.procs = procs
     started = time.time()
     # a shard's autotuning result covers its share of the configurations only: never cached
     # (Triton keys that cache by the configuration list too; this makes sure)

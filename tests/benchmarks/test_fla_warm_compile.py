@@ -64,3 +64,31 @@ def test_unknown_head_shape_is_refused_before_any_worker_starts(tmp_path):
     assert done.returncode != 0
     assert "--heads '16x128,8x8'" in done.stderr and "['16x128', '32x64']" in done.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_workers_are_cut_to_the_gpu_memory():
+    from benchmarks.fla_warm_compile import processes_for
+
+    assert processes_for(14, 79.2, 8) == 9  # an H100: fourteen ran it out of memory
+    assert processes_for(14, 139.8, 8) == 14  # an H200 holds them
+    assert processes_for(4, 79.2, 8) == 4
+    assert processes_for(14, 5.0, 8) == 1  # at least one
+    with pytest.raises(ValueError, match="gib_per_proc"):
+        processes_for(14, 79.2, 0)
+    with pytest.raises(ValueError, match="requested"):
+        processes_for(0, 79.2, 8)
+
+
+def test_refused_without_a_gpu(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "fla_warm_compile.py"
+    done = subprocess.run([sys.executable, str(script), "--op", "gdn"], env={"TRITON_CACHE_DIR": str(tmp_path),
+                          "PATH": ""}, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "no CUDA GPU" in done.stderr
