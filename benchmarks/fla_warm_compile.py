@@ -88,6 +88,8 @@ def worker(op: str, T: int, heads: list[str], index: int, count: int) -> None:
         except RuntimeError as e:  # FLA refuses some backwards on this Triton: its forward is compiled
             print(f"shard {index} ({label}): backward raised {type(e).__name__}: {str(e)[:120]}", flush=True)
         torch.cuda.synchronize()
+        del o, wrt, args  # one head shape's tensors at a time (processes_for counts on it)
+        torch.cuda.empty_cache()
     print(f"shard {index}/{count}: {kept} configurations compiled for {', '.join(heads)} in "
           f"{time.time() - started:.0f} s", flush=True)
 
