@@ -15,7 +15,7 @@ dS_{n+1} the gradient of the state leaving chunk n (dS_N = gradient of the final
              Kd dS = diag(2^{gamma_C - gamma}) (K dS).
 
 P^T is computed directly as K Q^T (never as the transpose of a product: see
-kernels/common/triton/solve.py on Hopper), or, where the forward stored P (DeltaLaunch.store_p),
+kernels/common/triton/solve.py on Hopper), or, where the forward kept P (DeltaLaunch.keeps_p),
 loaded transposed from it. Layouts as in triton_fwd.py (gamma in log2
 units); dh: [B, H, NT, K, V].
 """

@@ -8,8 +8,10 @@ the output too, DeltaLaunch.fused_fwd).
 Forward with no gradient wanted (delta_rule_forward_only, as the custom op delta_rule_infer):
 the same kernels storing nothing for a backward (no Tm; with DeltaLaunch.infer_fused, one state
 pass writing only O, no h or U).
-Under DeltaLaunch.store_p the training forward's output pass also stores each chunk's P = scale
-(Q K^T ⊙ Gamma), which the backward's dU_local reads instead of forming it again.
+Where DeltaLaunch.keeps_p holds for the head dim, the training forward keeps each chunk's P =
+scale (Q K^T ⊙ Gamma): formed by wy_fwd and read by the output pass (p_in_wy, GDN's default
+above K = 64), or stored by the output pass (store_p); the backward's dU_local reads it instead
+of forming it again.
 Backward: du_local -> state_bwd (triton_bwd.py; or state_bwd alone, StateBwdLaunch.local_du)
 -> dqkw (triton_bwd_grad.py) -> wy_bwd (triton_wy_bwd.py; or the two as one kernel,
 triton_bwd_fused.py, DqkwLaunch.fuse_wy_bwd), reusing the forward's Tm, W, U and
@@ -100,7 +102,7 @@ class ChunkDeltaRuleFunction(torch.autograd.Function):
         do = do.to(q.dtype).contiguous()
         dht = dht.float().contiguous() if dht is not None else None
         # dU_local = P^T dO: its own launch, or formed inside the state pass (StateBwdLaunch.local_du),
-        # from the forward's P where it stored one (DeltaLaunch.store_p)
+        # from the forward's P where it kept one (DeltaLaunch.keeps_p)
         local = local_du_fused(q.shape[0] * q.shape[2], q.shape[3], gam is not None)
         du = None if local else du_local(q, k, do, gam, opts.scale, p=p)
         du, dh, dh0 = state_bwd(q, k, w, do, du, gam, dht, opts.scale, ctx.h0_dtype is not None, p=p)
@@ -163,8 +165,8 @@ def delta_rule_bwd(
     dbeta, dh0) of delta_rule_fwd's inputs, shaped as those inputs; dg (in g_dtype) is a
     placeholder without a gate or where the gate wants no gradient (need_dg False: its
     kernels then skip it), dh0 (in h0_dtype) without an initial state. launch: the forward's
-    launch settings (kernels/common/launch.encode), whose store_p says whether p is the
-    forward's P or a placeholder."""
+    launch settings (kernels/common/launch.encode), whose keeps_p at q's head dim says whether
+    p is the forward's P or a placeholder."""
     forward_launch = decode(delta_op(g_dtype is not None), launch)
     ctx = FunctionContext((q, k, v, beta, gam, tm, w, u, h,
                            present(p, forward_launch.keeps_p(q.shape[-1]))),
