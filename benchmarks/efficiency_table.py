@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.records import RunRecord, device_type_of, load_records
+from harness.records import RunRecord, device_type_of, newest_ok
 
 MIB_PER_GIB = 1024.0
 # (mode, phase, column title) of each crossover column, as tasks/throughput.py names them
@@ -31,13 +31,8 @@ CROSSOVER_COLUMNS = (("op", "fwd", "op fwd"), ("op", "fwdbwd", "op fwd+bwd"), ("
 
 def newest_records(results: Path, task: str, device: str, preset: str) -> dict[str, RunRecord]:
     """mixer -> its newest ok record of `task` on device type `device` at `preset`."""
-    newest: dict[str, RunRecord] = {}
-    for _, rec in load_records(results):
-        if rec.task != task or rec.status != "ok" or rec.preset != preset or device_type_of(rec.device) != device:
-            continue
-        if rec.mixer not in newest or rec.finished > newest[rec.mixer].finished:
-            newest[rec.mixer] = rec
-    return newest
+    return newest_ok(results, key=lambda rec: rec.mixer,
+                     keep=lambda rec: rec.task == task and rec.preset == preset and device_type_of(rec.device) == device)
 
 
 def _grid_end(rec: RunRecord, mode: str, phase: str) -> int | None:

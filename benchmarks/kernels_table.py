@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.records import RunRecord, device_type_of, load_records
+from harness.records import RunRecord, device_type_of, newest_ok
 
 # The peer of an op that FLA has no kernel for.
 PEER_BESIDE_FLA = {"softmax_attention": "torch"}
@@ -93,18 +93,12 @@ def table(results: Path, device: str, heads: tuple[int, int], peer_name: str = "
 
 
 def _newest(results: Path, device: str) -> dict[tuple[str, str], RunRecord]:
-    newest: dict[tuple[str, str], RunRecord] = {}
-    for _, rec in load_records(results):
-        if rec.task != "kernels" or rec.status != "ok" or device_type_of(rec.device) != device:
-            continue
-        if rec.config.get("launch"):  # a launch-setting variant (configs/kernels-launch*.yaml), not the op's default
-            continue
-        if rec.config.get("compare") == []:  # ours alone: a candidates sweep's baseline, no ratio to give
-            continue
-        key = (rec.details["op"], rec.details.get("variant") or "default")
-        if key not in newest or rec.finished > newest[key].finished:
-            newest[key] = rec
-    return newest
+    """(op, input variant) -> its newest ok kernels record on device type `device` that times
+    the op's defaults beside a peer: not a launch-setting variant (configs/kernels-launch*.yaml)
+    and not ours alone (a candidates sweep's baseline, no ratio to give)."""
+    return newest_ok(results, key=lambda rec: (rec.details["op"], rec.details.get("variant") or "default"),
+                     keep=lambda rec: (rec.task == "kernels" and device_type_of(rec.device) == device
+                                       and not rec.config.get("launch") and rec.config.get("compare") != []))
 
 
 def breakdown(results: Path, device: str, heads: tuple[int, int], T: int, phase: str, peer_name: str = "fla") -> str:

@@ -14,7 +14,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -184,3 +184,19 @@ def load_records(results: Path) -> Iterator[tuple[Path, RunRecord]]:
             warn_unreadable(path, e)
             continue
         yield path, record
+
+
+K = TypeVar("K")
+
+
+def newest_ok(results: Path, key: Callable[[RunRecord], K], keep: Callable[[RunRecord], bool]) -> dict[K, RunRecord]:
+    """key(record) -> the newest (by `finished`) ok record under <results>/runs with that key,
+    among those keep(record) accepts."""
+    newest: dict[K, RunRecord] = {}
+    for _, rec in load_records(results):
+        if rec.status != "ok" or not keep(rec):
+            continue
+        k = key(rec)
+        if k not in newest or rec.finished > newest[k].finished:
+            newest[k] = rec
+    return newest
