@@ -97,8 +97,9 @@ def worker(op: str, T: int, heads: list[str], index: int, count: int) -> None:
 def processes_for(requested: int, gpu_gib: float, gib_per_proc: float) -> int:
     """How many worker processes run at once: `requested`, cut to one per gib_per_proc GiB of
     the GPU's memory (each worker holds one op's inputs, intermediates and gradients at the
-    gpu shape, several GiB: fourteen GDN workers ran an H100's 80 GB out of memory on
-    2026-12-07), at least one."""
+    gpu shape and what FLA's autotuner allocates while it benchmarks, several GiB: on an
+    H100's 80 GB fourteen GDN workers ran out of memory, and nine at 16 x 128 too, in
+    chunk_bwd_kernel_dqkwg's autotuning), at least one."""
     if requested < 1 or gib_per_proc <= 0:
         raise ValueError(f"processes_for: requested {requested} must be >= 1 and gib_per_proc "
                          f"{gib_per_proc} > 0")
@@ -113,7 +114,7 @@ def main() -> None:
     ap.add_argument("--heads", default="16x128", help="comma-separated head shapes among "
                     f"{sorted(HEADS)} (heads x head dim)")
     ap.add_argument("--procs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
-    ap.add_argument("--gib-per-proc", type=float, default=8.0, help="GPU memory a worker may hold (GiB): "
+    ap.add_argument("--gib-per-proc", type=float, default=12.0, help="GPU memory a worker may hold (GiB): "
                     "--procs is cut to the GPU's memory over this")
     ap.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

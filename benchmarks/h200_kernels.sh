@@ -35,7 +35,7 @@
 # FLA_WARM_S (0: off): first compile FLA's autotuned kernels of FLA_WARM_OPS (space-separated
 # fla_warm_compile.py --op names; default gla_vector) at FLA_WARM_HEADS (default 16x128; e.g.
 # 16x128,32x64) in FLA_WARM_PROCS parallel processes (benchmarks/fla_warm_compile.py; at most one per
-# 8 GiB of GPU memory: 14 ran an H100 out of memory) into the
+# 12 GiB of GPU memory: 14 and 9 ran an H100 out of memory) into the
 # Triton cache .triton_cache/ (git-ignored, so a warm machine keeps it between calls), where
 # the sweeps' FLA columns find them compiled.
 # CALL_S (default 570): the whole script's seconds. Every step's limit is cut to what is left

@@ -69,10 +69,10 @@ def test_unknown_head_shape_is_refused_before_any_worker_starts(tmp_path):
 def test_workers_are_cut_to_the_gpu_memory():
     from benchmarks.fla_warm_compile import processes_for
 
-    assert processes_for(14, 79.2, 8) == 9  # an H100: fourteen ran it out of memory
-    assert processes_for(14, 139.8, 8) == 14  # an H200 holds them
-    assert processes_for(4, 79.2, 8) == 4
-    assert processes_for(14, 5.0, 8) == 1  # at least one
+    assert processes_for(14, 79.2, 12) == 6  # an H100: fourteen and nine ran it out of memory
+    assert processes_for(14, 139.8, 12) == 11  # an H200
+    assert processes_for(4, 79.2, 12) == 4
+    assert processes_for(14, 5.0, 12) == 1  # at least one
     with pytest.raises(ValueError, match="gib_per_proc"):
         processes_for(14, 79.2, 0)
     with pytest.raises(ValueError, match="requested"):
