@@ -180,14 +180,15 @@ def test_the_candidates_sweep_changes_one_default_a_run():
     # training forward fused from 128 sequences of heads, P coming from wy_fwd; 44: lin_gdn with
     # GDN's P formed by wy_fwd (its default now, untimed for lin_gdn) and without; 45-46: GDN's
     # training fused pass on 32-column V-blocks at K = 128 (max_state 4,096), and that from 128
-    # sequences of heads too, at K = 128 only
+    # sequences of heads too; 47: GDN's backward state pass on 32-column V-blocks; 45-47 at K = 128 only
     capped = {"max_state": 4096}
     assert changed == [("gdn", {}, ["fwdbwd"]), ("deltanet", {}, ["fwdbwd"]),
                        ("gdn", {"gated_delta_rule": {"fused_fwd": {"min_heads": 128}}}, ["fwdbwd"]),
                        ("lin_gdn", {}, ["fwdbwd"]), ("lin_gdn", {"gated_delta_rule": {"p_in_wy": False}}, ["fwdbwd"]),
                        ("gdn", {"gated_delta_rule": {"fused_fwd": capped}}, ["fwdbwd"]),
-                       ("gdn", {"gated_delta_rule": {"fused_fwd": {**capped, "min_heads": 128}}}, ["fwdbwd"])]
-    assert [p.config["heads"] for p in plan.points[-2:]] == [[{"num_heads": 16, "head_dim": 128}]] * 2
+                       ("gdn", {"gated_delta_rule": {"fused_fwd": {**capped, "min_heads": 128}}}, ["fwdbwd"]),
+                       ("gdn", {"gated_delta_rule": {"state_bwd": {"BV": 32}}}, ["fwdbwd"])]
+    assert [p.config["heads"] for p in plan.points[-3:]] == [[{"num_heads": 16, "head_dim": 128}]] * 3
     # what won once timed became a default: the narrowing rule and dk's share in bf16 for both
     # delta rules, GDN's backward pass at DeltaNet's stages with the row factors on the V side
     # (dU_local kept in its own launch at K = 128), fused dv and three forward stages at K <= 64,
